@@ -1,0 +1,98 @@
+"""Workload kind and GPU request of a pod: pure functions of the pod dict."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from webhook.settings import WORKLOAD_KINDS, WorkloadKindRules
+
+WORKLOAD_TYPE_LABEL = "hopsworks.ai/workload-type"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Run:ai's GPU-sharing annotations.
+GPU_FRACTION_ANNOTATION = "gpu-fraction"
+GPU_FRACTION_DEVICES_ANNOTATION = "gpu-fraction-num-devices"
+GPU_MEMORY_ANNOTATION = "gpu-memory"
+
+
+def classify_workload(labels: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
+    """The platform's workload kind of a pod, or None when no rule says."""
+    explicit = labels.get(WORKLOAD_TYPE_LABEL)
+    if isinstance(explicit, str) and explicit in WORKLOAD_KINDS:
+        return explicit
+    for rule in rules.rules:
+        if rule.label in labels and (rule.value is None or labels[rule.label] == rule.value):
+            return rule.kind
+    job_type = labels.get("job-type")
+    if job_type is not None and str(job_type) in rules.system_job_types:
+        return "system-job"
+    if "job-type" in labels or "job-name" in labels:
+        return "job"
+    return None
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity as a number ("2", "500m", "1k"). Raises ValueError when malformed."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"not a quantity: {value!r}")
+        return float(value)
+    text = str(value).strip()
+    suffixes = {
+        "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+        "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
+    }  # fmt: skip
+    scale = Decimal(1)
+    for suffix in ("Ki", "Mi", "Gi", "m", "k", "M", "G"):
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)], suffixes[suffix]
+            break
+    try:
+        number = Decimal(text) * scale
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {value!r}") from None
+    if not number.is_finite() or number < 0:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(number)
+
+
+def _container_gpus(container: Mapping[str, Any]) -> float:
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        amounts = resources.get(section) or {}
+        if GPU_RESOURCE in amounts:
+            return parse_quantity(amounts[GPU_RESOURCE])
+    return 0.0
+
+
+def pod_gpu_request(pod: Mapping[str, Any]) -> float:
+    """GPUs a pod holds while it runs: whole devices plus Run:ai fractions.
+
+    Like the scheduler: the larger of the sum over app containers and the largest init container.
+    A `gpu-memory` request cannot be turned into a fraction without the node's GPU, so it counts as
+    one device per requested device: an upper bound, so quota never leaks.
+    Raises ValueError on a malformed quantity.
+    """
+    spec = pod.get("spec") or {}
+    app = sum(_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, Mapping))
+    init = max(
+        (_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)),
+        default=0.0,
+    )
+    gpus = max(app, init)
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    devices = 1.0
+    if GPU_FRACTION_DEVICES_ANNOTATION in annotations:
+        devices = parse_quantity(annotations[GPU_FRACTION_DEVICES_ANNOTATION])
+    if GPU_FRACTION_ANNOTATION in annotations:
+        fraction = parse_quantity(annotations[GPU_FRACTION_ANNOTATION])
+        if fraction > 1:
+            raise ValueError(f"{GPU_FRACTION_ANNOTATION} must be at most 1, got {fraction}")
+        gpus += fraction * devices
+    elif GPU_MEMORY_ANNOTATION in annotations:
+        gpus += devices
+    return gpus

@@ -1,0 +1,194 @@
+"""Cluster settings: the `hopsworks-cluster-settings` ConfigMap, parsed and validated.
+
+Flat keys keep the platform's variable names; the `scheduler` key holds YAML describing what the
+cluster offers, the subset every project gets, and the cluster defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SETTINGS_CONFIGMAP = "hopsworks-cluster-settings"
+DEFAULT_RUNAI_URL = "http://runai-backend-traefik.runai-backend.svc.cluster.local:8080"
+
+WORKLOAD_KINDS = ("notebook", "terminal", "app", "deployment", "job", "system-job")
+# Run:ai does not preempt these, so they are admitted only within the project's deserved quota.
+QUOTA_CHECKED_KINDS = frozenset({"notebook", "terminal", "app", "deployment"})
+BUILTIN_TOPOLOGIES = {
+    "host": "kubernetes.io/hostname",
+    "zone": "topology.kubernetes.io/zone",
+    "region": "topology.kubernetes.io/region",
+}
+
+
+class SettingsError(ValueError):
+    """The settings cannot be used; the message says which key and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _check_label_pairs(values: list[str]) -> list[str]:
+    for value in values:
+        key, sep, _ = value.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{value!r} is not a key=value node label")
+    return values
+
+
+class Available(_Strict):
+    """What the cluster offers."""
+
+    affinity: list[str] = Field(default_factory=list)
+    anti_affinity: list[str] = Field(default_factory=list, alias="antiAffinity")
+    priority_classes: list[str] = Field(default_factory=list, alias="priorityClasses")
+    topologies: dict[str, str] = Field(default_factory=lambda: dict(BUILTIN_TOPOLOGIES))
+
+    _labels = field_validator("affinity", "anti_affinity")(_check_label_pairs)
+
+    @field_validator("topologies", mode="before")
+    @classmethod
+    def _extend_builtin_units(cls, value: Any) -> Any:
+        # Admins add units (rack, block...); the three built-in ones stay unless overridden.
+        if isinstance(value, dict):
+            return {**BUILTIN_TOPOLOGIES, **value}
+        return value
+
+
+class Subset(_Strict):
+    """What a project may choose from; `None` means everything the cluster offers."""
+
+    affinity: list[str] | None = None
+    anti_affinity: list[str] | None = Field(default=None, alias="antiAffinity")
+    priority_classes: list[str] | None = Field(default=None, alias="priorityClasses")
+    queues: list[str] | None = None
+
+
+class Defaults(_Strict):
+    """Values used when the workload did not choose."""
+
+    affinity: list[str] = Field(default_factory=list)
+    anti_affinity: list[str] = Field(default_factory=list, alias="antiAffinity")
+    priority_class: str | None = Field(default=None, alias="priorityClass")
+    queue: str | None = None
+    topology: str | None = None
+
+
+class LabelRule(_Strict):
+    """A pod label that tells the workload kind (value None: any value)."""
+
+    label: str
+    value: str | None = None
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in WORKLOAD_KINDS:
+            raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
+        return kind
+
+
+def _default_kind_rules() -> list[LabelRule]:
+    return [
+        LabelRule(label="jupyter", kind="notebook"),
+        LabelRule(label="serving.hops.works/id", kind="deployment"),
+    ]
+
+
+class WorkloadKindRules(_Strict):
+    rules: list[LabelRule] = Field(default_factory=_default_kind_rules)
+    # Values of the `job-type` label that mark the platform's own system jobs.
+    system_job_types: list[str] = Field(
+        default_factory=lambda: ["system", "materialization", "statistics"], alias="systemJobTypes"
+    )
+
+
+class SchedulerConfig(_Strict):
+    available: Available = Field(default_factory=Available)
+    project: Subset = Field(default_factory=Subset)
+    defaults: Defaults = Field(default_factory=Defaults)
+    workload_kinds: WorkloadKindRules = Field(default_factory=WorkloadKindRules, alias="workloadKinds")
+    # Required node-affinity terms are ORed; crossing them with our affinity groups multiplies them.
+    max_node_selector_terms: int = Field(default=16, ge=1, le=256, alias="maxNodeSelectorTerms")
+
+    @model_validator(mode="after")
+    def _subset_within_available(self) -> SchedulerConfig:
+        offered = {
+            "affinity": self.available.affinity,
+            "antiAffinity": self.available.anti_affinity,
+            "priorityClasses": self.available.priority_classes,
+        }
+        chosen = {
+            "affinity": self.project.affinity,
+            "antiAffinity": self.project.anti_affinity,
+            "priorityClasses": self.project.priority_classes,
+        }
+        for key, values in chosen.items():
+            outside = sorted(set(values or ()) - set(offered[key]))
+            if outside:
+                raise ValueError(f"project.{key} {outside} not in available.{key} {offered[key]}")
+        if self.defaults.topology and self.defaults.topology not in self.available.topologies:
+            raise ValueError(
+                f"defaults.topology {self.defaults.topology!r} not in {sorted(self.available.topologies)}"
+            )
+        return self
+
+
+class ClusterSettings(_Strict):
+    run_ai_enable: bool = False
+    run_ai_url: str = DEFAULT_RUNAI_URL
+    run_ai_client_id: str = ""
+    run_ai_client_secret_name: str = ""
+    run_ai_client_secret_key: str = ""
+    run_ai_default_department: str = "default"
+    run_ai_project_gpu_quota: float = Field(default=0, ge=0)
+    run_ai_reconcile_interval_s: float = Field(default=300, gt=0)
+    kueue_installed: bool = False
+    kueue_project_default_local_queue: str = "default"
+    kueue_system_jobs_local_queue: str = "system"
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def exclusion_error(self) -> str | None:
+        """G1: Kueue and Run:ai never both on."""
+        if self.kueue_installed and self.run_ai_enable:
+            return "kueue_installed and run_ai_enable cannot both be true: a cluster uses Kueue, Run:ai, or neither"
+        return None
+
+    @classmethod
+    def from_configmap_data(cls, data: Mapping[str, Any] | None) -> ClusterSettings:
+        """Parse ConfigMap `data` (all values strings). Raises SettingsError naming the key."""
+        values: dict[str, Any] = {}
+        for key, raw in (data or {}).items():
+            if key == "scheduler":
+                try:
+                    parsed = yaml.safe_load(raw) if isinstance(raw, str) else raw
+                except yaml.YAMLError as exc:
+                    raise SettingsError(f"scheduler: not valid YAML: {exc}") from None
+                values[key] = parsed or {}
+            elif key in cls.model_fields:
+                values[key] = _coerce_flat(raw)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc)) from None
+
+
+def _coerce_flat(raw: Any) -> Any:
+    # ConfigMap values are strings; pydantic turns "true"/"1.5" into bool/float in lax mode.
+    return raw.strip() if isinstance(raw, str) else raw
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)

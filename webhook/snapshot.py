@@ -1,0 +1,125 @@
+"""The cluster as admission sees it: read-only views over the watch-fed caches.
+
+Decision functions take a `ClusterSnapshot` and never call out. The caches (a Kubernetes watch or
+a folder of YAML) own the mutable dicts; asyncio runs one decision at a time, so a decision reads a
+consistent view without copying.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.settings import ClusterSettings
+
+# Namespace keys (DESIGN §2).
+PROJECT_LABEL = "hopsworks.ai/project"
+DEPARTMENT_LABEL = "hopsworks.ai/department"
+RUNAI_QUEUE_LABEL = "runai/queue"
+RUNAI_PROJECT_ID_LABEL = "hopsworks.ai/runai-project-id"
+AVAILABLE_ANNOTATION = "scheduling.hopsworks.ai/available"
+DEFAULTS_ANNOTATION = "scheduling.hopsworks.ai/defaults"
+# Pod keys.
+AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/affinity"
+ANTI_AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/anti-affinity"
+TOPOLOGY_ANNOTATION = "scheduling.hopsworks.ai/topology"
+WORKLOAD_TYPE_LABEL = "hopsworks.ai/workload-type"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+    resource_version: str = ""
+
+    @property
+    def is_project(self) -> bool:
+        return PROJECT_LABEL in self.labels
+
+    @property
+    def department(self) -> str | None:
+        return self.labels.get(DEPARTMENT_LABEL) or None
+
+    @property
+    def runai_queue(self) -> str | None:
+        return self.labels.get(RUNAI_QUEUE_LABEL) or None
+
+    @property
+    def runai_project_id(self) -> str | None:
+        return self.labels.get(RUNAI_PROJECT_ID_LABEL) or None
+
+    def json_annotation(self, key: str) -> dict[str, Any] | None:
+        """A JSON-object annotation, or None when absent. Raises ValueError when malformed."""
+        raw = self.annotations.get(key)
+        if raw is None or raw == "":
+            return None
+        value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError(f"annotation {key} must be a JSON object")
+        return value
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> NamespaceInfo:
+        meta = obj.get("metadata") or {}
+        return cls(
+            name=meta.get("name", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations={k: str(v) for k, v in (meta.get("annotations") or {}).items()},
+            deleting=bool(meta.get("deletionTimestamp")),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClassInfo:
+    name: str
+    value: int
+    preemption_policy: str = "PreemptLowerPriority"
+    global_default: bool = False
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> PriorityClassInfo:
+        return cls(
+            name=(obj.get("metadata") or {}).get("name", ""),
+            value=int(obj.get("value") or 0),
+            preemption_policy=obj.get("preemptionPolicy") or "PreemptLowerPriority",
+            global_default=bool(obj.get("globalDefault")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """What quota accounting needs of a pod, nothing more (the cache holds 100k of these)."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    kind: str | None
+    gpus: float
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    """Read-only view handed to decision functions."""
+
+    settings: ClusterSettings
+    namespaces: Mapping[str, NamespaceInfo] = field(default_factory=dict)
+    priority_classes: Mapping[str, PriorityClassInfo] = field(default_factory=dict)
+    # namespace -> names of Kueue LocalQueues in it
+    local_queues: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # namespace -> pod uid -> record
+    pods: Mapping[str, Mapping[str, PodRecord]] = field(default_factory=dict)
+    # A settings ConfigMap that failed to parse: admission keeps the last good settings and says so.
+    settings_error: str | None = None
