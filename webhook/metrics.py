@@ -1,0 +1,57 @@
+"""Prometheus metrics, one registry for the process (served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+ADMISSION_REQUESTS = Counter(
+    "webhook_admission_requests_total",
+    "Admission reviews answered, by endpoint and outcome.",
+    ["endpoint", "outcome"],  # outcome: allowed, patched, denied, bad_request
+    registry=REGISTRY,
+)
+ADMISSION_LATENCY = Histogram(
+    "webhook_admission_duration_seconds",
+    "Time to decide one admission review, parse to answer.",
+    ["endpoint"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    registry=REGISTRY,
+)
+# The request path must not call out; this counts every call that does, by where it went and why.
+REMOTE_CALLS = Counter(
+    "webhook_remote_calls_total",
+    "Calls to the Kubernetes API or Run:ai, by target and by the path that made them.",
+    ["target", "path"],  # target: kubernetes, runai; path: request, background
+    registry=REGISTRY,
+)
+WATCH_EVENTS = Counter(
+    "webhook_watch_events_total",
+    "Watch events applied to the caches, by resource kind and event type.",
+    ["kind", "type"],
+    registry=REGISTRY,
+)
+WATCH_RESTARTS = Counter(
+    "webhook_watch_restarts_total",
+    "Watches restarted, by resource kind and reason (gone, error, closed).",
+    ["kind", "reason"],
+    registry=REGISTRY,
+)
+CACHE_OBJECTS = Gauge(
+    "webhook_cache_objects",
+    "Objects held in the watch-fed caches, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+RUNAI_REACHABLE = Gauge(
+    "webhook_runai_reachable",
+    "1 when the last call to the Run:ai control plane succeeded.",
+    registry=REGISTRY,
+)
+CERT_RELOADS = Counter(
+    "webhook_certificate_reloads_total",
+    "Serving certificate reloads from disk, by result.",
+    ["result"],
+    registry=REGISTRY,
+)
