@@ -120,9 +120,10 @@ class ClusterState:
             self.local_queues.clear()
         elif kind == "Pod":
             self.pods.clear()
-        elif kind == "ConfigMap":
-            if not any((o.get("metadata") or {}).get("name") == SETTINGS_CONFIGMAP for o in objects):
-                self._apply_settings({})
+        elif kind == "ConfigMap" and not any(
+            (o.get("metadata") or {}).get("name") == SETTINGS_CONFIGMAP for o in objects
+        ):
+            self._apply_settings({})
         for obj in objects:
             self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
 
@@ -133,6 +134,12 @@ class ClusterState:
             # Keep serving with the last good settings: a typo must not block every pod.
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", exc)
             self._snapshot.settings_error = str(exc)
+            return
+        conflict = settings.exclusion_error()
+        if conflict:
+            # G1: never act on both; keep what was in force and report it.
+            log.error("settings ConfigMap rejected, keeping the previous settings: %s", conflict)
+            self._snapshot.settings_error = conflict
             return
         self._snapshot.settings = settings
         self._snapshot.settings_error = None

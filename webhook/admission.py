@@ -1,0 +1,118 @@
+"""AdmissionReview envelopes: parse what the apiserver sends, answer in the shape it expects.
+
+The envelope is validated with pydantic; the objects inside (`object`, `oldObject`) stay the raw
+dicts the decision functions read, so nothing unknown is lost or re-serialised.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from webhook.core.decision import Decision
+
+SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview we can answer; `status` is the HTTP code to send."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class GroupVersionKind(_Lenient):
+    group: str = ""
+    version: str = ""
+    kind: str
+
+
+class UserInfo(_Lenient):
+    username: str = ""
+    uid: str = ""
+    groups: list[str] = Field(default_factory=list)
+
+
+class AdmissionRequest(_Lenient):
+    uid: str = Field(min_length=1)
+    kind: GroupVersionKind
+    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+    namespace: str = ""
+    name: str = ""
+    subResource: str = ""  # wire names are camelCase
+    userInfo: UserInfo = Field(default_factory=UserInfo)
+    object: dict[str, Any] | None = None
+    oldObject: dict[str, Any] | None = None
+    dryRun: bool | None = False
+
+
+class AdmissionReviewIn(_Lenient):
+    apiVersion: str = "admission.k8s.io/v1"
+    kind: str = "AdmissionReview"
+    request: AdmissionRequest
+
+
+def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
+    """(apiVersion, request dict). Raises BadReview with a reason a human can act on."""
+    try:
+        raw = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadReview(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadReview("body is nested too deeply") from None
+    if not isinstance(raw, dict):
+        raise BadReview("body must be a JSON object (an AdmissionReview)")
+    if raw.get("kind", "AdmissionReview") != "AdmissionReview":
+        raise BadReview(f"kind must be AdmissionReview, got {raw.get('kind')!r}")
+    version = raw.get("apiVersion") or "admission.k8s.io/v1"
+    if version not in SUPPORTED_VERSIONS:
+        raise BadReview(f"apiVersion {version!r} not supported; send one of {', '.join(SUPPORTED_VERSIONS)}")
+    if "request" not in raw or raw["request"] is None:
+        raise BadReview("AdmissionReview has no request")
+    try:
+        AdmissionReviewIn.model_validate(raw)
+    except ValidationError as exc:
+        raise BadReview(_first_errors(exc)) from None
+    return version, raw["request"]
+
+
+def _first_errors(exc: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid AdmissionReview: " + "; ".join(parts)
+
+
+def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {
+            "code": decision.code,
+            "message": decision.message,
+            "reason": decision.reason,
+            "status": "Failure",
+        }
+    if decision.patch and decision.allowed:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(decision.patch)).encode()).decode()
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if decision.audit:
+        response["auditAnnotations"] = dict(decision.audit)
+    return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
+
+
+def is_dry_run(request: Mapping[str, Any]) -> bool:
+    return bool(request.get("dryRun"))

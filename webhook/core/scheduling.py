@@ -1,0 +1,383 @@
+"""Rules S1–S6: the scheduling a pod in a project namespace gets, as a pure decision.
+
+`mutate_pod(request, snapshot)` reads the AdmissionReview request (a dict), the cluster snapshot and
+the settings in it, and returns a Decision with the minimal JSON patch. It never calls out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.core.decision import Decision
+from webhook.core.guard import ProjectScheduling, ProjectSettingsError, parse_project_scheduling
+from webhook.core.kinds import classify_workload
+from webhook.core.patch import PodPatch
+from webhook.settings import ClusterSettings
+from webhook.snapshot import (
+    AFFINITY_ANNOTATION,
+    ANTI_AFFINITY_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_TOPOLOGY_ANNOTATION,
+    MIRROR_POD_ANNOTATION,
+    RUNAI_QUEUE_LABEL,
+    TOPOLOGY_ANNOTATION,
+    ClusterSnapshot,
+    NamespaceInfo,
+)
+
+REQUIRED_AFFINITY_PATH = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+
+
+@dataclass(frozen=True, slots=True)
+class PodTarget:
+    """A pod CREATE in a project namespace: the only requests the scheduling rules touch."""
+
+    pod: Mapping[str, Any]
+    namespace: NamespaceInfo
+    kind: str | None
+
+    @property
+    def labels(self) -> Mapping[str, Any]:
+        return _map((self.pod.get("metadata") or {}).get("labels"))
+
+    @property
+    def annotations(self) -> Mapping[str, Any]:
+        return _map((self.pod.get("metadata") or {}).get("annotations"))
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return _map(self.pod.get("spec"))
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def request_namespace(request: Mapping[str, Any]) -> str:
+    obj = request.get("object") or request.get("oldObject") or {}
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return request.get("namespace") or (meta or {}).get("namespace") or ""
+
+
+def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarget | None:
+    """The pod this system owns in this request, or None when it must pass unchanged (S6)."""
+    if request.get("operation") != "CREATE" or request.get("subResource"):
+        return None
+    kind = request.get("kind") or {}
+    if kind.get("kind") != "Pod" or kind.get("group", "") != "":
+        return None
+    pod = request.get("object")
+    if not isinstance(pod, Mapping):
+        return None
+    namespace = snapshot.namespaces.get(request_namespace(request))
+    if namespace is None or not namespace.is_project:
+        return None
+    meta = _map(pod.get("metadata"))
+    if MIRROR_POD_ANNOTATION in _map(meta.get("annotations")):
+        return None  # static pods: the kubelet owns them, and the apiserver refuses changes anyway
+    return PodTarget(
+        pod=pod,
+        namespace=namespace,
+        kind=classify_workload(_map(meta.get("labels")), snapshot.settings.scheduler.workload_kinds),
+    )
+
+
+def parse_label_list(raw: Any) -> list[str]:
+    """`a=b, c=d` -> ["a=b", "c=d"]. Raises ValueError naming the bad entry."""
+    items = [item.strip() for item in str(raw).split(",")]
+    items = [item for item in items if item]
+    for item in items:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not a key=value node label")
+    return items
+
+
+def _not_allowed(what: str, chosen: Iterable[str], allowed: Sequence[str], project: str) -> str:
+    listed = ", ".join(allowed) if allowed else "none"
+    return f"{what} {', '.join(chosen)} not available in project {project}; allowed: {listed}"
+
+
+def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decision:
+    target = pod_target(request, snapshot)
+    if target is None:
+        return Decision.allow()
+    settings = snapshot.settings
+    warnings: list[str] = []
+    try:
+        project = parse_project_scheduling(target.namespace, settings)
+    except ProjectSettingsError as exc:
+        # The settings guard refuses such annotations; one written before the guard must not
+        # block the project's pods, so fall back to the cluster's project subset and say so.
+        warnings.append(f"project scheduling settings ignored: {exc}")
+        project = parse_project_scheduling(NamespaceInfo(name=target.namespace.name), settings)
+
+    patch = PodPatch(target.pod)
+    audit: dict[str, str] = {}
+    errors: list[str] = []
+
+    affinity, anti_affinity = _node_labels(target, project, settings, errors, warnings)
+    if not errors and (affinity or anti_affinity):
+        terms_error = _inject_node_affinity(target, affinity, anti_affinity, settings, patch)
+        if terms_error:
+            errors.append(terms_error)
+        else:
+            if affinity:
+                audit["affinity"] = ",".join(affinity)
+            if anti_affinity:
+                audit["anti-affinity"] = ",".join(anti_affinity)
+
+    _priority(target, project, snapshot, patch, audit, errors, warnings)
+    if settings.run_ai_enable:
+        _runai_queue(target, patch, audit, warnings)
+        if settings.kueue_installed:
+            warnings.append("Kueue and Run:ai are both enabled in settings; only the Run:ai queue was set")
+    elif settings.kueue_installed:
+        _kueue(target, project, snapshot, patch, audit, errors, warnings)
+    else:
+        _kueue_off(target, warnings)
+
+    if errors:
+        return Decision.deny("; ".join(errors), code=403, reason="Forbidden", warnings=warnings)
+    ops = patch.operations()
+    return Decision.allow(warnings=warnings, audit=audit, patch=ops)
+
+
+# -- S1/S2: node labels ------------------------------------------------------------------------
+def _node_labels(
+    target: PodTarget,
+    project: ProjectScheduling,
+    settings: ClusterSettings,
+    errors: list[str],
+    warnings: list[str],
+) -> tuple[list[str], list[str]]:
+    chosen: list[list[str]] = []
+    defaults = settings.scheduler.defaults
+    for annotation, allowed, project_default, cluster_default, what in (
+        (AFFINITY_ANNOTATION, project.affinity, project.default_affinity, defaults.affinity, "affinity"),
+        (
+            ANTI_AFFINITY_ANNOTATION,
+            project.anti_affinity,
+            project.default_anti_affinity,
+            defaults.anti_affinity,
+            "anti-affinity",
+        ),
+    ):
+        if annotation in target.annotations:
+            try:
+                values = parse_label_list(target.annotations[annotation])
+            except ValueError as exc:
+                errors.append(f"annotation {annotation}: {exc}")
+                chosen.append([])
+                continue
+            outside = [v for v in values if v not in allowed]
+            if outside:
+                errors.append(_not_allowed(what, outside, allowed, target.namespace.name))
+            chosen.append(values)
+        elif project_default:
+            chosen.append(list(project_default))
+        else:
+            kept = [v for v in cluster_default if v in allowed]
+            dropped = [v for v in cluster_default if v not in allowed]
+            if dropped:
+                warnings.append(f"cluster default {what} {', '.join(dropped)} not available to this project")
+            chosen.append(kept)
+    return chosen[0], chosen[1]
+
+
+def _grouped(labels: Sequence[str], operator: str) -> list[dict[str, Any]]:
+    """key=value labels -> one expression per key (values of one key ORed by `In`/`NotIn`)."""
+    by_key: dict[str, list[str]] = {}
+    for label in labels:
+        key, _, value = label.partition("=")
+        values = by_key.setdefault(key.strip(), [])
+        if value.strip() not in values:
+            values.append(value.strip())
+    return [{"key": k, "operator": operator, "values": v} for k, v in by_key.items()]
+
+
+def _same_expression(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (
+        a.get("key") == b.get("key")
+        and a.get("operator") == b.get("operator")
+        and sorted(a.get("values") or ()) == sorted(b.get("values") or ())
+    )
+
+
+def _contains(expressions: Sequence[Mapping[str, Any]], wanted: Mapping[str, Any]) -> bool:
+    return any(_same_expression(e, wanted) for e in expressions)
+
+
+def _inject_node_affinity(
+    target: PodTarget,
+    affinity: Sequence[str],
+    anti_affinity: Sequence[str],
+    settings: ClusterSettings,
+    patch: PodPatch,
+) -> str | None:
+    """AND our constraints into every required term; returns an error message or None.
+
+    Terms are ORed by the scheduler. A node must match one of our affinity keys (one term per key)
+    and none of the anti-affinity labels (NotIn in every term), so the result is the cross product
+    of the pod's own terms and our affinity expressions. A term that already carries our
+    expressions is kept as is, which makes reinvocation a no-op.
+    """
+    groups: list[dict[str, Any] | None] = list(_grouped(affinity, "In")) or [None]
+    excluded = _grouped(anti_affinity, "NotIn")
+    node_affinity = _map(_map(target.spec.get("affinity")).get("nodeAffinity"))
+    required = _map(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    existing = required.get("nodeSelectorTerms")
+    own_terms = [t for t in existing if isinstance(t, Mapping)] if isinstance(existing, list) else []
+
+    new_terms: list[dict[str, Any]] = []
+    for term in own_terms or [{}]:
+        expressions = [e for e in term.get("matchExpressions") or () if isinstance(e, Mapping)]
+        satisfied = all(_contains(expressions, x) for x in excluded) and (
+            groups == [None] or any(_contains(expressions, g) for g in groups if g is not None)
+        )
+        if satisfied:
+            new_terms.append(dict(term))
+            continue
+        for group in groups:
+            combined = list(expressions)
+            for expression in ([group] if group else []) + excluded:
+                if not _contains(combined, expression):
+                    combined.append(expression)
+            new_term = dict(term)
+            new_term["matchExpressions"] = combined
+            if new_term not in new_terms:
+                new_terms.append(new_term)
+
+    if own_terms and new_terms == own_terms:
+        return None
+    limit = settings.scheduler.max_node_selector_terms
+    if len(new_terms) > limit:
+        return (
+            f"the pod's required node affinity has {len(own_terms)} terms; combined with "
+            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than "
+            f"the limit of {limit}: simplify the pod's nodeAffinity or choose fewer affinity labels"
+        )
+
+    if "affinity" not in target.spec or not isinstance(target.spec.get("affinity"), Mapping):
+        required_value = {"nodeSelectorTerms": new_terms}
+        patch.add(
+            "/spec/affinity",
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required_value}},
+        )
+    elif not node_affinity and "nodeAffinity" not in _map(target.spec.get("affinity")):
+        patch.add(
+            "/spec/affinity/nodeAffinity",
+            {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": new_terms}},
+        )
+    elif not required:
+        patch.add(REQUIRED_AFFINITY_PATH, {"nodeSelectorTerms": new_terms})
+    else:
+        patch.add(f"{REQUIRED_AFFINITY_PATH}/nodeSelectorTerms", new_terms)
+    return None
+
+
+# -- S1/S3: priority ---------------------------------------------------------------------------
+def _priority(
+    target: PodTarget,
+    project: ProjectScheduling,
+    snapshot: ClusterSnapshot,
+    patch: PodPatch,
+    audit: dict[str, str],
+    errors: list[str],
+    warnings: list[str],
+) -> None:
+    classes = snapshot.priority_classes
+    chosen = target.spec.get("priorityClassName") or None
+    if chosen is not None and chosen not in project.priority_classes:
+        existing = classes.get(str(chosen))
+        if existing is not None and existing.global_default:
+            chosen = None  # the Priority admission plugin put the cluster's global default there
+        else:
+            errors.append(
+                _not_allowed("priority class", [str(chosen)], project.priority_classes, target.namespace.name)
+            )
+            return
+    effective = (
+        chosen or project.default_priority_class or snapshot.settings.scheduler.defaults.priority_class
+    )
+    if effective is None:
+        return
+    if chosen is None and effective not in project.priority_classes:
+        warnings.append(f"default priority class {effective} is not available to this project; none set")
+        return
+    priority_class = classes.get(effective)
+    if priority_class is None:
+        if chosen is None:
+            warnings.append(f"default priority class {effective} does not exist in the cluster; none set")
+        return
+    # S3: the Priority admission plugin ran before us, so priority must follow the class we set.
+    patch.set_spec("priorityClassName", priority_class.name)
+    patch.set_spec("priority", priority_class.value)
+    patch.set_spec("preemptionPolicy", priority_class.preemption_policy)
+    audit["priority-class"] = priority_class.name
+
+
+# -- S4: Kueue ---------------------------------------------------------------------------------
+def _kueue(
+    target: PodTarget,
+    project: ProjectScheduling,
+    snapshot: ClusterSnapshot,
+    patch: PodPatch,
+    audit: dict[str, str],
+    errors: list[str],
+    warnings: list[str],
+) -> None:
+    settings = snapshot.settings
+    ns = target.namespace.name
+    existing_queues = snapshot.local_queues.get(ns, frozenset())
+    allowed = list(project.queues) if project.queues is not None else sorted(existing_queues)
+    chosen = target.labels.get(KUEUE_QUEUE_LABEL) or None
+    if chosen is not None and str(chosen) not in allowed:
+        errors.append(_not_allowed("queue", [str(chosen)], allowed, ns))
+    elif chosen is None:
+        if target.kind == "system-job":
+            queue = settings.kueue_system_jobs_local_queue
+        else:
+            queue = project.default_queue or settings.kueue_project_default_local_queue
+        if queue not in existing_queues:
+            warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
+        patch.set_label(KUEUE_QUEUE_LABEL, queue)
+        audit["queue"] = queue
+    else:
+        audit["queue"] = str(chosen)
+
+    units = settings.scheduler.available.topologies
+    chosen_unit = target.annotations.get(TOPOLOGY_ANNOTATION)
+    if chosen_unit is not None and str(chosen_unit) not in units:
+        errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
+        return
+    unit = chosen_unit or project.default_topology or settings.scheduler.defaults.topology
+    if unit is None:
+        return
+    if unit not in units:
+        warnings.append(f"default topology {unit} is not a topology unit; none set")
+        return
+    patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, units[str(unit)])
+    audit["topology"] = str(unit)
+
+
+def _kueue_off(target: PodTarget, warnings: list[str]) -> None:
+    if TOPOLOGY_ANNOTATION in target.annotations:
+        warnings.append("Kueue is not installed: the topology choice has no effect")
+    if KUEUE_QUEUE_LABEL in target.labels:
+        warnings.append("Kueue is not installed: the queue label has no effect")
+
+
+# -- S5: Run:ai --------------------------------------------------------------------------------
+def _runai_queue(target: PodTarget, patch: PodPatch, audit: dict[str, str], warnings: list[str]) -> None:
+    queue = target.namespace.runai_queue
+    if queue is None:
+        return  # not bound yet: /validate/pods binds it or refuses the pod
+    current = target.labels.get(RUNAI_QUEUE_LABEL)
+    if current is not None and current != queue:
+        # A pod must never run in another project's Run:ai queue.
+        warnings.append(f"runai/queue {current} replaced by this project's queue {queue}")
+    patch.set_label(RUNAI_QUEUE_LABEL, queue)
+    audit["runai-queue"] = queue
