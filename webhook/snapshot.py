@@ -110,6 +110,30 @@ class PodRecord:
         return self.phase in ("Succeeded", "Failed")
 
 
+@dataclass(frozen=True, slots=True)
+class RunaiProjectInfo:
+    """A Run:ai project bound to a namespace, as the last refresh saw it."""
+
+    id: str
+    name: str
+    namespace: str
+    department_id: str = ""
+    department_name: str = ""
+    deserved_gpus: float = 0.0  # default node pool
+    limit_gpus: float | None = None
+    allocated_gpus: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReservation:
+    """GPUs promised to an admitted pod the pod cache may not show yet (shared by all replicas)."""
+
+    key: str  # the pod's uid when the apiserver gave one, else the admission request's uid
+    namespace: str
+    gpus: float
+    expires_at: float  # epoch seconds; a pod that never appears stops counting then
+
+
 @dataclass(slots=True)
 class ClusterSnapshot:
     """Read-only view handed to decision functions."""
@@ -123,3 +147,7 @@ class ClusterSnapshot:
     pods: Mapping[str, Mapping[str, PodRecord]] = field(default_factory=dict)
     # A settings ConfigMap that failed to parse: admission keeps the last good settings and says so.
     settings_error: str | None = None
+    # Run:ai projects by namespace, from the timed refresh; None until a refresh succeeded.
+    runai_projects: Mapping[str, RunaiProjectInfo] | None = None
+    # namespace -> reservation key -> reservation
+    gpu_reservations: Mapping[str, Mapping[str, GpuReservation]] = field(default_factory=dict)

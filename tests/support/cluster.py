@@ -1,0 +1,101 @@
+"""Cluster snapshots for decision tests, built through the real state store."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from webhook.snapshot import ClusterSnapshot
+from webhook.state.store import ClusterState
+
+SCHEDULER = {
+    "available": {
+        "affinity": ["nvidia.com/gpu.product=A100", "topology.kubernetes.io/zone=eu-1a", "disk=ssd"],
+        "antiAffinity": ["maintenance=true"],
+        "priorityClasses": ["low", "normal", "high"],
+    },
+    "project": {
+        "affinity": ["topology.kubernetes.io/zone=eu-1a", "disk=ssd"],
+        "antiAffinity": ["maintenance=true"],
+        "priorityClasses": ["low", "normal"],
+    },
+    "defaults": {"priorityClass": "normal", "antiAffinity": ["maintenance=true"]},
+}
+
+PRIORITY_CLASSES = [("low", 1000, "Never", False), ("normal", 10000, None, False), ("high", 100000, None, False)]
+
+
+def namespace(
+    name: str,
+    *,
+    project: bool = True,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    all_labels = {"kubernetes.io/metadata.name": name, **({"hopsworks.ai/project": name} if project else {})}
+    all_labels.update(labels or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": all_labels, "annotations": dict(annotations or {})},
+    }
+
+
+def priority_class(name: str, value: int, policy: str | None = None, global_default: bool = False) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "globalDefault": global_default,
+    }
+    if policy:
+        obj["preemptionPolicy"] = policy
+    return obj
+
+
+def settings_configmap(install_namespace: str = "hopsworks", **flat: Any) -> dict[str, Any]:
+    scheduler = flat.pop("scheduler", SCHEDULER)
+    data = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in flat.items()}
+    data["scheduler"] = yaml.safe_dump(scheduler)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "hopsworks-cluster-settings", "namespace": install_namespace},
+        "data": data,
+    }
+
+
+def local_queue(namespace_name: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace_name},
+        "spec": {"clusterQueue": "cq"},
+    }
+
+
+def cluster_state(
+    *,
+    namespaces: Iterable[dict[str, Any]] = (),
+    extra: Iterable[dict[str, Any]] = (),
+    scheduler: Mapping[str, Any] | None = None,
+    priority_classes: Iterable[tuple[str, int, str | None, bool]] = PRIORITY_CLASSES,
+    **flat: Any,
+) -> ClusterState:
+    state = ClusterState("hopsworks")
+    state.apply(settings_configmap(scheduler=copy.deepcopy(dict(scheduler or SCHEDULER)), **flat))
+    for obj in [namespace("hopsworks", project=False), *namespaces]:
+        state.apply(obj)
+    for name, value, policy, global_default in priority_classes:
+        state.apply(priority_class(name, value, policy, global_default))
+    for obj in extra:
+        state.apply(obj)
+    return state
+
+
+def snapshot(**kwargs: Any) -> ClusterSnapshot:
+    return cluster_state(**kwargs).snapshot()

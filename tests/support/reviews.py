@@ -1,0 +1,98 @@
+"""AdmissionReview test data built from the real fixtures in shared/fixtures/admissionreview.
+
+The fixtures are never edited: variants are deep copies with the change a test needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+
+KUBERNETES_VERSION = "1.33"
+
+
+def shared_dir() -> Path:
+    """`<root>/shared` beside the repo (CI clones the repo elsewhere with shared/ beside it)."""
+    override = os.environ.get("SCHEDULING_WEBHOOK_SHARED")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[3] / "shared"
+
+
+FIXTURES = shared_dir() / "fixtures" / "admissionreview"
+
+
+@cache
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.name for p in FIXTURES.glob("*.json"))
+
+
+def review(name: str) -> dict[str, Any]:
+    """A fixture as a full AdmissionReview (req-only files wrapped as the apiserver would)."""
+    data = copy.deepcopy(_load(name))
+    if "request" not in data:
+        data = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": data}
+    return data
+
+
+def pod_review(
+    namespace: str,
+    *,
+    base: str = "pod-create-kubectl-run.json",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    spec: Mapping[str, Any] | None = None,
+    gpus: float | None = None,
+    operation: str = "CREATE",
+    dry_run: bool = False,
+    uid: str | None = None,
+) -> dict[str, Any]:
+    """A real pod CREATE review moved into `namespace`, with labels/annotations/spec fields set."""
+    data = review(base)
+    request = data["request"]
+    request["namespace"] = namespace
+    request["operation"] = operation
+    request["dryRun"] = dry_run
+    if uid is not None:
+        request["uid"] = uid
+    pod = request["object"]
+    pod.setdefault("metadata", {})["namespace"] = namespace
+    if labels:
+        pod["metadata"].setdefault("labels", {}).update(labels)
+    if annotations:
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+    if spec:
+        pod["spec"].update(copy.deepcopy(dict(spec)))
+    if gpus is not None:
+        limits = pod["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})
+        limits["nvidia.com/gpu"] = str(gpus) if gpus != int(gpus) else str(int(gpus))
+    return data
+
+
+def apply_patch(obj: Mapping[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply with an independent RFC 6902 implementation (raises on an invalid patch)."""
+    return jsonpatch.JsonPatch(patch).apply(copy.deepcopy(dict(obj)))
+
+
+def assert_valid_pod(pod: Mapping[str, Any]) -> None:
+    """The Kubernetes Pod schema, strict (unknown fields fail)."""
+    candidate = copy.deepcopy(dict(pod))
+    candidate.setdefault("apiVersion", "v1")
+    candidate.setdefault("kind", "Pod")
+    meta = candidate.setdefault("metadata", {})
+    # The fixtures carry a non-string annotation on purpose; the schema rightly rejects it.
+    if "annotations" in meta:
+        meta["annotations"] = {k: str(v) for k, v in meta["annotations"].items()}
+    kubernetes_validate.validate(candidate, KUBERNETES_VERSION, strict=True)

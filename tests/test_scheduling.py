@@ -1,0 +1,388 @@
+"""Rules S1–S6, driven by a table of pod CREATE reviews built from real apiserver fixtures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import local_queue, namespace, priority_class, snapshot
+from tests.support.reviews import apply_patch, assert_valid_pod, pod_review, review
+from webhook.core.scheduling import mutate_pod
+
+ZONE = "topology.kubernetes.io/zone=eu-1a"
+A100 = "nvidia.com/gpu.product=A100"
+REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+
+NAMESPACES = [
+    namespace("churn"),
+    namespace(
+        "fraud",
+        annotations={
+            "scheduling.hopsworks.ai/available": json.dumps(
+                {"affinity": [A100, ZONE], "antiAffinity": ["maintenance=true"], "priorityClasses": ["low", "high"]}
+            ),
+            "scheduling.hopsworks.ai/defaults": json.dumps({"affinity": [A100], "priorityClass": "high"}),
+        },
+    ),
+    namespace("bound", labels={"runai/queue": "bound", "hopsworks.ai/runai-project-id": "42"}),
+    namespace("plain", project=False),
+]
+
+
+def terms(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    node: Any = pod["spec"]
+    for key in REQUIRED:
+        node = node[key]
+    return node
+
+
+def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, "values": list(values)}
+
+
+NOT_MAINTENANCE = expr("maintenance", "NotIn", "true")
+IN_ZONE = expr("topology.kubernetes.io/zone", "In", "eu-1a")
+IN_A100 = expr("nvidia.com/gpu.product", "In", "A100")
+OWN_TERMS = [
+    {"matchExpressions": [expr("kubernetes.io/arch", "In", "amd64")]},
+    {"matchExpressions": [expr("kubernetes.io/arch", "In", "arm64")], "matchFields": []},
+]
+
+
+@dataclass
+class Case:
+    id: str
+    namespace: str = "churn"
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    base: str = "pod-create-kubectl-run.json"
+    allowed: bool = True
+    changed: bool = True
+    message: tuple[str, ...] = ()
+    warning: str | None = None
+    check: Callable[[dict[str, Any]], None] | None = None
+
+
+def _eq(path: tuple[Any, ...], expected: Any) -> Callable[[dict[str, Any]], None]:
+    def check(pod: dict[str, Any]) -> None:
+        node: Any = pod
+        for key in path:
+            node = node[key]
+        assert node == expected, f"{'/'.join(path)} = {node!r}, expected {expected!r}"
+
+    return check
+
+
+def _all(*checks: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def check(pod: dict[str, Any]) -> None:
+        for one in checks:
+            one(pod)
+
+    return check
+
+
+CASES = [
+    Case("S6 namespace that is not a project passes unchanged", namespace="plain", changed=False),
+    Case("S6 unknown namespace passes unchanged", namespace="nowhere", changed=False),
+    Case(
+        "S1 cluster defaults when nobody chose",
+        check=_all(
+            _eq(("spec", "priorityClassName"), "normal"),
+            _eq(("spec", "priority"), 10000),
+            _eq(("spec", "preemptionPolicy"), "PreemptLowerPriority"),
+            _eq(("spec", *REQUIRED), [{"matchExpressions": [NOT_MAINTENANCE]}]),
+        ),
+    ),
+    Case(
+        "S1 project defaults beat cluster defaults",
+        namespace="fraud",
+        check=_all(
+            _eq(("spec", "priorityClassName"), "high"),
+            _eq(("spec", "priority"), 100000),
+            lambda pod: _eq(("spec", *REQUIRED), [{"matchExpressions": [IN_A100, NOT_MAINTENANCE]}])(pod),
+        ),
+    ),
+    Case(
+        "S1 workload choice beats project default",
+        namespace="fraud",
+        annotations={"scheduling.hopsworks.ai/affinity": ZONE},
+        spec={"priorityClassName": "low"},
+        check=_all(
+            _eq(("spec", "priorityClassName"), "low"),
+            _eq(("spec", "priority"), 1000),
+            _eq(("spec", "preemptionPolicy"), "Never"),
+            lambda pod: _eq(("spec", *REQUIRED), [{"matchExpressions": [IN_ZONE, NOT_MAINTENANCE]}])(pod),
+        ),
+    ),
+    Case(
+        "S1 affinity outside the project subset is refused naming the allowed values",
+        annotations={"scheduling.hopsworks.ai/affinity": A100},
+        allowed=False,
+        message=(
+            "affinity nvidia.com/gpu.product=A100 not available in project churn",
+            "topology.kubernetes.io/zone=eu-1a, disk=ssd",
+        ),
+    ),
+    Case(
+        "S1 priority class outside the subset is refused",
+        spec={"priorityClassName": "high"},
+        allowed=False,
+        message=("priority class high", "allowed: low, normal"),
+    ),
+    Case(
+        "S1 anti-affinity outside the subset is refused",
+        annotations={"scheduling.hopsworks.ai/anti-affinity": "gpu=broken"},
+        allowed=False,
+        message=("anti-affinity gpu=broken", "allowed: maintenance=true"),
+    ),
+    Case(
+        "S1 malformed affinity annotation is refused with the entry",
+        annotations={"scheduling.hopsworks.ai/affinity": "zone-eu"},
+        allowed=False,
+        message=("'zone-eu' is not a key=value node label",),
+    ),
+    Case(
+        "S1 a global default class the Priority plugin set is not a choice",
+        spec={"priorityClassName": "everyone", "priority": 5},
+        extra=[priority_class("everyone", 5, None, True)],
+        check=_all(_eq(("spec", "priorityClassName"), "normal"), _eq(("spec", "priority"), 10000)),
+    ),
+    Case(
+        "S2 affinity labels of different keys are ORed as separate terms",
+        annotations={"scheduling.hopsworks.ai/affinity": f"{ZONE}, disk=ssd"},
+        check=lambda pod: _eq(
+            ("spec", *REQUIRED),
+            [
+                {"matchExpressions": [IN_ZONE, NOT_MAINTENANCE]},
+                {"matchExpressions": [expr("disk", "In", "ssd"), NOT_MAINTENANCE]},
+            ],
+        )(pod),
+    ),
+    Case(
+        "S2 the pod's own required terms are ANDed, never widened",
+        annotations={"scheduling.hopsworks.ai/affinity": ZONE},
+        spec={
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": OWN_TERMS}}
+            }
+        },
+        check=lambda pod: _eq(
+            ("spec", *REQUIRED),
+            [
+                {"matchExpressions": [expr("kubernetes.io/arch", "In", "amd64"), IN_ZONE, NOT_MAINTENANCE]},
+                {
+                    "matchExpressions": [expr("kubernetes.io/arch", "In", "arm64"), IN_ZONE, NOT_MAINTENANCE],
+                    "matchFields": [],
+                },
+            ],
+        )(pod),
+    ),
+    Case(
+        "S2 existing pod anti-affinity and preferred terms are kept",
+        spec={
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 10,
+                            "podAffinityTerm": {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"a": "b"}},
+                            },
+                        }
+                    ]
+                },
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 1, "preference": {"matchExpressions": [expr("disk", "In", "ssd")]}}
+                    ]
+                },
+            }
+        },
+        check=_all(
+            lambda pod: _eq(("spec", *REQUIRED), [{"matchExpressions": [NOT_MAINTENANCE]}])(pod),
+            lambda pod: _eq(
+                ("spec", "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution", 0, "weight"), 1
+            )(pod),
+            lambda pod: _eq(
+                ("spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution", 0, "weight"),
+                10,
+            )(pod),
+        ),
+    ),
+    Case(
+        "S2 too many resulting terms are refused with a clear message",
+        annotations={"scheduling.hopsworks.ai/affinity": f"{ZONE},disk=ssd"},
+        spec={
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [expr("rack", "In", str(i))]} for i in range(9)]
+                    }
+                }
+            }
+        },
+        allowed=False,
+        message=("would need 18 terms", "limit of 16"),
+    ),
+    Case(
+        "S4 Kueue: default local queue and cluster topology unit",
+        settings={"kueue_installed": True},
+        annotations={"scheduling.hopsworks.ai/topology": "zone"},
+        extra=[local_queue("churn", "default")],
+        check=_all(
+            _eq(("metadata", "labels", "kueue.x-k8s.io/queue-name"), "default"),
+            _eq(("metadata", "annotations", "kueue.x-k8s.io/podset-required-topology"), "topology.kubernetes.io/zone"),
+        ),
+    ),
+    Case(
+        "S4 Kueue: system jobs go to the system queue",
+        settings={"kueue_installed": True},
+        labels={"job-type": "materialization"},
+        extra=[local_queue("churn", "system")],
+        check=_eq(("metadata", "labels", "kueue.x-k8s.io/queue-name"), "system"),
+    ),
+    Case(
+        "S4 Kueue: a chosen queue must exist in the namespace",
+        settings={"kueue_installed": True},
+        labels={"kueue.x-k8s.io/queue-name": "other"},
+        extra=[local_queue("churn", "default")],
+        allowed=False,
+        message=("queue other", "allowed: default"),
+    ),
+    Case(
+        "S4 Kueue: an unknown topology unit is refused",
+        settings={"kueue_installed": True},
+        annotations={"scheduling.hopsworks.ai/topology": "galaxy"},
+        allowed=False,
+        message=("topology galaxy", "host, zone, region"),
+    ),
+    Case(
+        "S4 Kueue off: topology has no effect and says so",
+        annotations={"scheduling.hopsworks.ai/topology": "host"},
+        warning="Kueue is not installed",
+        check=lambda pod: _eq(("metadata", "annotations", "scheduling.hopsworks.ai/topology"), "host")(pod),
+    ),
+    Case(
+        "S5 Run:ai on and namespace bound: runai/queue label",
+        namespace="bound",
+        settings={"run_ai_enable": True},
+        check=_eq(("metadata", "labels", "runai/queue"), "bound"),
+    ),
+    Case(
+        "S5 a pod cannot pick another project's Run:ai queue",
+        namespace="bound",
+        settings={"run_ai_enable": True},
+        labels={"runai/queue": "someone-else"},
+        warning="replaced",
+        check=_eq(("metadata", "labels", "runai/queue"), "bound"),
+    ),
+    Case(
+        "S5 Run:ai on, namespace unbound: no queue label from mutation",
+        settings={"run_ai_enable": True},
+        check=lambda pod: (
+            pytest.fail("runai/queue set") if "runai/queue" in pod["metadata"].get("labels", {}) else None
+        ),
+    ),
+    Case(
+        "S5 Run:ai off: a bound namespace gets no Run:ai label",
+        namespace="bound",
+        check=lambda pod: (
+            pytest.fail("runai/queue set") if "runai/queue" in pod["metadata"].get("labels", {}) else None
+        ),
+    ),
+    Case(
+        "S6 ReplicaSet pod with generateName and initContainers",
+        base="pod-create-replicaset-generatename-initcontainers.json",
+        check=_eq(("spec", "priorityClassName"), "normal"),
+    ),
+    Case(
+        "S6 pod with initContainer and a custom toleration",
+        base="reqonly-pod-create-initcontainer-tolerations.json",
+        check=lambda pod: _eq(("spec", "tolerations"), pod["spec"]["tolerations"])(pod),
+    ),
+    Case(
+        "S6 mirror pods pass unchanged",
+        annotations={"kubernetes.io/config.mirror": "abc"},
+        changed=False,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_scheduling_rules(case: Case) -> None:
+    snap = snapshot(namespaces=NAMESPACES, extra=case.extra, **case.settings)
+    data = pod_review(case.namespace, base=case.base, labels=case.labels, annotations=case.annotations, spec=case.spec)
+    decision = mutate_pod(data["request"], snap)
+    assert decision.allowed is case.allowed, decision.message
+    for part in case.message:
+        assert part in decision.message
+    if case.warning:
+        assert any(case.warning in w for w in decision.warnings), decision.warnings
+    if not case.allowed:
+        assert decision.code == 403
+        return
+    assert bool(decision.patch) is case.changed, decision.patch
+    patched = apply_patch(data["request"]["object"], list(decision.patch))
+    assert_valid_pod(patched)
+    if case.check:
+        case.check(patched)
+    # S6 + reinvocation: the patched pod needs nothing more.
+    data["request"]["object"] = patched
+    again = mutate_pod(data["request"], snap)
+    assert again.allowed and again.patch == (), again.patch
+
+
+@pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
+def test_non_create_operations_pass_unchanged(operation: str) -> None:
+    snap = snapshot(namespaces=NAMESPACES)
+    data = pod_review("churn", operation=operation)
+    decision = mutate_pod(data["request"], snap)
+    assert decision.allowed and not decision.patch and not decision.warnings
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["reqonly-pod-delete-oldobject.json", "pod-exec-connect-v1beta1.json", "deployment-create.json"],
+)
+def test_real_non_pod_create_reviews_pass_unchanged(name: str) -> None:
+    data = review(name)
+    ns = data["request"].get("namespace") or "default"
+    snap = snapshot(namespaces=[namespace(ns)])
+    decision = mutate_pod(data["request"], snap)
+    assert decision.allowed and not decision.patch
+
+
+def test_patch_escapes_slashes_and_only_adds() -> None:
+    snap = snapshot(namespaces=NAMESPACES, run_ai_enable=True)
+    data = pod_review("bound")
+    decision = mutate_pod(data["request"], snap)
+    ops = list(decision.patch)
+    assert all(op["op"] == "add" for op in ops)
+    assert {"op": "add", "path": "/metadata/labels/runai~1queue", "value": "bound"} in ops
+
+
+def test_pod_without_labels_gets_the_label_map_created() -> None:
+    snap = snapshot(namespaces=NAMESPACES, run_ai_enable=True)
+    data = pod_review("bound", base="pod-create-minimal-no-namespace.json")
+    data["request"]["object"]["metadata"].pop("labels", None)
+    decision = mutate_pod(data["request"], snap)
+    assert {"op": "add", "path": "/metadata/labels", "value": {"runai/queue": "bound"}} in decision.patch
+    assert_valid_pod(apply_patch(data["request"]["object"], list(decision.patch)))
+
+
+def test_settings_change_applies_to_the_next_decision() -> None:
+    from tests.support.cluster import cluster_state, settings_configmap
+
+    state = cluster_state(namespaces=NAMESPACES)
+    data = pod_review("bound")
+    assert "runai/queue" not in json.dumps(mutate_pod(data["request"], state.snapshot()).patch)
+    state.apply(settings_configmap(run_ai_enable=True))
+    assert "runai~1queue" in json.dumps(mutate_pod(data["request"], state.snapshot()).patch)

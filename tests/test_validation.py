@@ -1,0 +1,153 @@
+"""R2/R3 at pod creation as pure decisions: binding state and GPU quota."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import cluster_state, namespace
+from tests.support.reviews import pod_review
+from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
+from webhook.snapshot import GpuReservation, RunaiProjectInfo
+
+NOW = 1_000_000.0
+BOUND = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": "7"})
+UNBOUND = namespace("nlp")
+NOTEBOOK = {"jupyter": "true"}
+
+
+def running_pod(name: str, gpus: float, kind: str = "notebook", phase: str = "Running") -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "vision",
+            "uid": f"uid-{name}",
+            "labels": {"hopsworks.ai/workload-type": kind},
+        },
+        "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        "status": {"phase": phase},
+    }
+
+
+@dataclass
+class Case:
+    id: str
+    namespace: str = "vision"
+    labels: dict[str, str] = field(default_factory=lambda: dict(NOTEBOOK))
+    annotations: dict[str, str] = field(default_factory=dict)
+    gpus: float | None = 1
+    deserved: float | None = 2
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    reservations: dict[str, float] = field(default_factory=dict)
+    run_ai: bool = True
+    allowed: bool = True
+    reason: str = ""
+    message: tuple[str, ...] = ()
+    warning: str = ""
+
+
+CASES = [
+    Case("Run:ai off: nothing checked", run_ai=False, gpus=8),
+    Case("not a project namespace", namespace="kube-public", gpus=8),
+    Case(
+        "R2 unbound namespace is refused with a reason the shell binds on",
+        namespace="nlp",
+        allowed=False,
+        reason=NOT_BOUND,
+    ),
+    Case("R3 within quota", gpus=2),
+    Case(
+        "R3 over quota says how many are left of how many",
+        gpus=2,
+        pods=[running_pod("a", 1)],
+        allowed=False,
+        reason=OVER_QUOTA,
+        message=("1 of 2 deserved GPUs left", "asks for 2"),
+    ),
+    Case("R3 finished pods do not count", gpus=2, pods=[running_pod("a", 1, phase="Succeeded")]),
+    Case(
+        "R3 waiting pods count", gpus=2, pods=[running_pod("a", 1, phase="Pending")], allowed=False, reason=OVER_QUOTA
+    ),
+    Case("R3 preemptible jobs do not count", gpus=2, pods=[running_pod("a", 2, kind="job")]),
+    Case("R3 jobs are never checked", labels={"job-name": "train"}, gpus=16),
+    Case("R3 system jobs are never checked", labels={"job-type": "system"}, gpus=16),
+    Case("R3 pods without GPUs are not checked", gpus=None, deserved=0),
+    Case(
+        "R3 Run:ai fractions count",
+        gpus=None,
+        annotations={"gpu-fraction": "0.5"},
+        pods=[running_pod("a", 1.5)],
+        allowed=True,
+    ),
+    Case(
+        "R3 fractions beyond what is left are refused",
+        gpus=None,
+        annotations={"gpu-fraction": "0.5"},
+        pods=[running_pod("a", 1.75)],
+        deserved=2.2,
+        reservations={"pending": 0.1},
+        allowed=False,
+        message=("0.35 of 2.2",),
+    ),
+    Case("R3 admitted but not yet seen pods count", gpus=1, reservations={"r1": 1.5}, allowed=False, reason=OVER_QUOTA),
+    Case("R3 deserved 0 refuses any GPU notebook", deserved=0, allowed=False, message=("0 of 0 deserved GPUs left",)),
+    Case(
+        "R3 terminal, app and deployment are checked",
+        labels={"hopsworks.ai/workload-type": "app"},
+        gpus=3,
+        allowed=False,
+    ),
+    Case("R2 bound + Run:ai view missing: admitted, quota skipped", deserved=None, gpus=64, warning="not checked"),
+    Case(
+        "malformed fraction is a clear 400",
+        gpus=None,
+        annotations={"gpu-fraction": "lots"},
+        allowed=False,
+        reason="Invalid",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_pod_validation(case: Case) -> None:
+    state = cluster_state(namespaces=[BOUND, UNBOUND], extra=case.pods, run_ai_enable=case.run_ai)
+    snap = state.snapshot()
+    if case.deserved is not None:
+        snap.runai_projects = {
+            "vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=case.deserved)
+        }
+    snap.gpu_reservations = {
+        "vision": {
+            k: GpuReservation(key=k, namespace="vision", gpus=g, expires_at=NOW + 60)
+            for k, g in case.reservations.items()
+        }
+    }
+    data = pod_review(case.namespace, labels=case.labels, annotations=case.annotations, gpus=case.gpus)
+    decision = validate_pod(data["request"], snap, now=NOW)
+    assert decision.allowed is case.allowed, decision.message
+    if case.reason:
+        assert decision.reason == case.reason
+    for part in case.message:
+        assert part in decision.message, decision.message
+    if case.warning:
+        assert any(case.warning in w for w in decision.warnings)
+
+
+def test_expired_reservations_and_reservations_of_visible_pods_do_not_count() -> None:
+    state = cluster_state(namespaces=[BOUND], extra=[running_pod("a", 1)], run_ai_enable=True)
+    snap = state.snapshot()
+    snap.gpu_reservations = {
+        "vision": {
+            "old": GpuReservation("old", "vision", 4, expires_at=NOW - 1),
+            "uid-a": GpuReservation("uid-a", "vision", 1, expires_at=NOW + 60),  # the pod is in the cache
+        }
+    }
+    assert gpus_in_use(snap, "vision", NOW) == 1
+
+
+@pytest.mark.parametrize(("value", "text"), [(0, "0"), (2, "2"), (0.5, "0.5"), (1.25, "1.25"), (0.3333, "0.33")])
+def test_gpu_numbers_read_well(value: float, text: str) -> None:
+    assert format_gpus(value) == text

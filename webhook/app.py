@@ -1,0 +1,215 @@
+"""The HTTP shell: aiohttp routes around the pure admission decisions, TLS, probes and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from webhook.admission import BadReview, build_response, parse_review
+from webhook.core.decision import Decision
+from webhook.core.scheduling import mutate_pod
+from webhook.metrics import ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
+from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+# The apiserver caps a stored object near 1.5 MiB and a review carries object and oldObject.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+AdmissionHandler = Callable[[Mapping[str, Any]], Awaitable[Decision]]
+ReadinessCheck = Callable[[], str | None]  # None when ready, else what is missing
+
+
+@dataclass(slots=True)
+class ServerStatus:
+    draining: bool = False
+    readiness: list[ReadinessCheck] = field(default_factory=list)
+    in_flight: int = 0
+
+    def not_ready(self) -> list[str]:
+        missing = ["shutting down"] if self.draining else []
+        missing.extend(r for check in self.readiness if (r := check()) is not None)
+        return missing
+
+
+STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
+SERVER_KEY: web.AppKey[ServerStatus] = web.AppKey("server_status", ServerStatus)
+
+
+def mutate_handler(state: ClusterState) -> AdmissionHandler:
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return mutate_pod(request, state.snapshot())
+
+    return handle
+
+
+def _json_error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def route(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        if request.content_type != "application/json":
+            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            return _json_error(415, f"Content-Type must be application/json, got {request.content_type!r}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            return _json_error(413, f"body larger than {request.app._client_max_size} bytes")
+        try:
+            version, review = parse_review(body)
+        except BadReview as exc:
+            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            return _json_error(exc.status, exc.reason)
+        try:
+            decision = await handler(review)
+        except Exception:
+            # A bug must not turn into a traceback for the apiserver; refuse this one and keep serving.
+            log.exception("admission handler %s failed for uid %s", endpoint, review.get("uid"))
+            decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
+        outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
+        ADMISSION_REQUESTS.labels(endpoint, outcome).inc()
+        payload = json.dumps(build_response(version, review["uid"], decision), separators=(",", ":"))
+        ADMISSION_LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+        return web.Response(body=payload.encode(), content_type="application/json")
+
+    return route
+
+
+@web.middleware
+async def errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every error answer is JSON with a reason; unexpected ones never show a traceback."""
+    status = request.app[SERVER_KEY]
+    status.in_flight += 1
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _json_error(exc.status, exc.reason)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _json_error(500, "internal error; see the server log")
+    finally:
+        status.in_flight -= 1
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    missing = request.app[SERVER_KEY].not_ready()
+    if missing:
+        return web.json_response({"ready": False, "waiting_for": missing}, status=503)
+    return web.json_response({"ready": True})
+
+
+async def metrics(_: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def create_app(
+    state: ClusterState,
+    handlers: Mapping[str, AdmissionHandler] | None = None,
+    routes: Iterable[web.AbstractRouteDef] = (),
+    readiness: Iterable[ReadinessCheck] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> web.Application:
+    """The application. `handlers` maps admission paths to handlers; defaults cover the rest."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json])
+    app[STATE_KEY] = state
+    server_status = ServerStatus(readiness=[_caches_ready(state), *readiness])
+    app[SERVER_KEY] = server_status
+    chosen: dict[str, AdmissionHandler] = {"/mutate/pods": mutate_handler(state)}
+    chosen.update(handlers or {})
+    for path, handler in chosen.items():
+        app.router.add_post(path, admission_route(path.strip("/").replace("/", "_"), handler))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_routes(list(routes))
+    return app
+
+
+def _caches_ready(state: ClusterState) -> ReadinessCheck:
+    def check() -> str | None:
+        if state.ready():
+            return None
+        pending = sorted(kind for kind, done in state.synced.items() if not done) or ["initial sync"]
+        return "caches: " + ", ".join(pending)
+
+    return check
+
+
+# -- serve -------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ServeOptions:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    certs: Path = Path("certs")
+    state_dir: Path | None = None
+    namespace: str = "hopsworks"
+    client_ca: Path | None = None
+    runai_secret_dir: Path | None = None
+    drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
+    shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
+        return cls(
+            host=args.host,
+            port=args.port,
+            certs=Path(args.certs),
+            state_dir=Path(args.state) if args.state else None,
+            namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
+            client_ca=Path(args.client_ca) if args.client_ca else None,
+            runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
+            drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+        )
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def run_server(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(serve(ServeOptions.from_args(args)))
+    except StartupError as exc:
+        log.error("not starting: %s", exc)
+        return 2
+    return 0
+
+
+async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> None:
+    from webhook.runtime import Runtime
+
+    runtime = Runtime(options)
+    await runtime.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runtime.shutdown()

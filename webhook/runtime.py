@@ -1,0 +1,68 @@
+"""Wires the process together: caches, certificates, the app, and an orderly shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from webhook.app import SERVER_KEY, ServeOptions, StartupError, create_app
+from webhook.state.folder import FolderSource, StateFolderError
+from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.state = ClusterState(options.namespace)
+        self._stoppers: list[Any] = []
+        self.app: web.Application | None = None
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        await self._start_state()
+        if self.state.settings_conflict:
+            raise StartupError(self.state.settings_conflict)
+        from webhook.tls import CertWatcher
+
+        certs = CertWatcher(
+            self.options.certs / "tls.crt",
+            self.options.certs / "tls.key",
+            client_ca_file=self.options.client_ca,
+        )
+        await certs.start()
+        self._stoppers.append(certs)
+        self.app = create_app(self.state, readiness=[lambda: None if certs.ready else "serving certificate"])
+        self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=self.options.shutdown_timeout)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
+        await site.start()
+        log.info("serving on https://%s:%d", self.options.host, self.options.port)
+
+    async def _start_state(self) -> None:
+        if self.options.state_dir is not None:
+            source = FolderSource(self.state, self.options.state_dir)
+            try:
+                await source.start()
+            except StateFolderError as exc:
+                raise StartupError(str(exc)) from None
+            self._stoppers.append(source)
+            return
+        from webhook.state.kube import start_kube_state
+
+        self._stoppers.append(await start_kube_state(self.state, self.options.namespace))
+
+    async def shutdown(self) -> None:
+        """Readiness goes false first, then in-flight requests finish, then the caches stop."""
+        if self.app is not None:
+            self.app[SERVER_KEY].draining = True
+            await asyncio.sleep(self.options.drain_seconds)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        for part in reversed(self._stoppers):
+            await part.stop()
+
