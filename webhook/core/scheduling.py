@@ -118,7 +118,8 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
     audit: dict[str, str] = {}
     errors: list[str] = []
 
-    affinity, anti_affinity = _node_labels(target, project, settings, errors, warnings)
+    warnings.extend(project.notes)
+    affinity, anti_affinity = _node_labels(target, project, errors)
     if not errors and (affinity or anti_affinity):
         terms_error = _inject_node_affinity(target, affinity, anti_affinity, settings, patch)
         if terms_error:
@@ -146,44 +147,27 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
 
 
 # -- S1/S2: node labels ------------------------------------------------------------------------
-def _node_labels(
-    target: PodTarget,
-    project: ProjectScheduling,
-    settings: ClusterSettings,
-    errors: list[str],
-    warnings: list[str],
-) -> tuple[list[str], list[str]]:
+def _node_labels(target: PodTarget, project: ProjectScheduling, errors: list[str]) -> tuple[list[str], list[str]]:
+    """The workload's affinity labels when it chose, else the project's defaults (which already
+    fall back to the cluster's)."""
     chosen: list[list[str]] = []
-    defaults = settings.scheduler.defaults
-    for annotation, allowed, project_default, cluster_default, what in (
-        (AFFINITY_ANNOTATION, project.affinity, project.default_affinity, defaults.affinity, "affinity"),
-        (
-            ANTI_AFFINITY_ANNOTATION,
-            project.anti_affinity,
-            project.default_anti_affinity,
-            defaults.anti_affinity,
-            "anti-affinity",
-        ),
+    for annotation, allowed, default, what in (
+        (AFFINITY_ANNOTATION, project.affinity, project.default_affinity, "affinity"),
+        (ANTI_AFFINITY_ANNOTATION, project.anti_affinity, project.default_anti_affinity, "anti-affinity"),
     ):
-        if annotation in target.annotations:
-            try:
-                values = parse_label_list(target.annotations[annotation])
-            except ValueError as exc:
-                errors.append(f"annotation {annotation}: {exc}")
-                chosen.append([])
-                continue
-            outside = [v for v in values if v not in allowed]
-            if outside:
-                errors.append(_not_allowed(what, outside, allowed, target.namespace.name))
-            chosen.append(values)
-        elif project_default:
-            chosen.append(list(project_default))
-        else:
-            kept = [v for v in cluster_default if v in allowed]
-            dropped = [v for v in cluster_default if v not in allowed]
-            if dropped:
-                warnings.append(f"cluster default {what} {', '.join(dropped)} not available to this project")
-            chosen.append(kept)
+        if annotation not in target.annotations:
+            chosen.append(list(default))
+            continue
+        try:
+            values = parse_label_list(target.annotations[annotation])
+        except ValueError as exc:
+            errors.append(f"annotation {annotation}: {exc}")
+            chosen.append([])
+            continue
+        outside = [v for v in values if v not in allowed]
+        if outside:
+            errors.append(_not_allowed(what, outside, allowed, target.namespace.name))
+        chosen.append(values)
     return chosen[0], chosen[1]
 
 
@@ -299,13 +283,8 @@ def _priority(
                 _not_allowed("priority class", [str(chosen)], project.priority_classes, target.namespace.name)
             )
             return
-    effective = (
-        chosen or project.default_priority_class or snapshot.settings.scheduler.defaults.priority_class
-    )
+    effective = chosen or project.default_priority_class
     if effective is None:
-        return
-    if chosen is None and effective not in project.priority_classes:
-        warnings.append(f"default priority class {effective} is not available to this project; none set")
         return
     priority_class = classes.get(effective)
     if priority_class is None:
@@ -353,7 +332,7 @@ def _kueue(
     if chosen_unit is not None and str(chosen_unit) not in units:
         errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
         return
-    unit = chosen_unit or project.default_topology or settings.scheduler.defaults.topology
+    unit = chosen_unit or project.default_topology
     if unit is None:
         return
     if unit not in units:
