@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission import BadReview, build_response, parse_review
 from webhook.core.decision import Decision
+from webhook.core.guard import GuardConfig, Identities, validate_settings_request
 from webhook.core.scheduling import mutate_pod
+from webhook.core.validation import validate_pod
 from webhook.metrics import ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
 from webhook.state.store import ClusterState
 
@@ -54,6 +56,32 @@ def mutate_handler(state: ClusterState) -> AdmissionHandler:
         return mutate_pod(request, state.snapshot())
 
     return handle
+
+
+def validate_pods_handler(state: ClusterState) -> AdmissionHandler:
+    """Quota and binding state without a Run:ai connection (the Run:ai integration replaces it)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return validate_pod(request, state.snapshot(), time.time())
+
+    return handle
+
+
+def settings_handler(
+    state: ClusterState, config: GuardConfig, runai_departments: Callable[[], Collection[str] | None] = lambda: None
+) -> AdmissionHandler:
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return validate_settings_request(request, state.snapshot(), config, runai_departments())
+
+    return handle
+
+
+def default_handlers(state: ClusterState, guard: GuardConfig) -> dict[str, AdmissionHandler]:
+    return {
+        "/mutate/pods": mutate_handler(state),
+        "/validate/pods": validate_pods_handler(state),
+        "/validate/settings": settings_handler(state, guard),
+    }
 
 
 def _json_error(status: int, reason: str) -> web.Response:
@@ -138,7 +166,7 @@ def create_app(
     app[STATE_KEY] = state
     server_status = ServerStatus(readiness=[_caches_ready(state), *readiness])
     app[SERVER_KEY] = server_status
-    chosen: dict[str, AdmissionHandler] = {"/mutate/pods": mutate_handler(state)}
+    chosen = default_handlers(state, GuardConfig(install_namespace=state.install_namespace))
     chosen.update(handlers or {})
     for path, handler in chosen.items():
         app.router.add_post(path, admission_route(path.strip("/").replace("/", "_"), handler))
@@ -169,6 +197,8 @@ class ServeOptions:
     namespace: str = "hopsworks"
     client_ca: Path | None = None
     runai_secret_dir: Path | None = None
+    installers: tuple[str, ...] = ()
+    service_account: str = "scheduling-webhook"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
     shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
 
@@ -182,7 +212,18 @@ class ServeOptions:
             namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
             client_ca=Path(args.client_ca) if args.client_ca else None,
             runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
+            installers=tuple(args.installer)
+            + tuple(i.strip() for i in os.environ.get("WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
+            service_account=args.service_account,
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+        )
+
+    def guard_config(self) -> GuardConfig:
+        own = f"system:serviceaccount:{self.namespace}:{self.service_account}"
+        return GuardConfig(
+            install_namespace=self.namespace,
+            installers=Identities.parse(self.installers),
+            own=Identities.parse([own]),
         )
 
 

@@ -20,6 +20,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")
+    serve.add_argument(
+        "--installer",
+        action="append",
+        default=[],
+        help="identity allowed to change run_ai_enable: a username, or group:NAME (repeatable; "
+        "also $WEBHOOK_INSTALLERS, comma-separated)",
+    )
+    serve.add_argument(
+        "--service-account",
+        default="scheduling-webhook",
+        help="this server's own ServiceAccount name (its edits of namespaces are its own)",
+    )
 
     certs = sub.add_parser("certs", help="make a CA and a serving certificate")
     certs.add_argument("--out", default="certs")

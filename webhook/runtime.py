@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from webhook.app import SERVER_KEY, ServeOptions, StartupError, create_app
+from webhook.app import SERVER_KEY, ServeOptions, StartupError, create_app, default_handlers
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
@@ -36,7 +36,11 @@ class Runtime:
         )
         await certs.start()
         self._stoppers.append(certs)
-        self.app = create_app(self.state, readiness=[lambda: None if certs.ready else "serving certificate"])
+        self.app = create_app(
+            self.state,
+            handlers=default_handlers(self.state, self.options.guard_config()),
+            readiness=[lambda: None if certs.ready else "serving certificate"],
+        )
         self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=self.options.shutdown_timeout)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
@@ -65,4 +69,3 @@ class Runtime:
             await self.runner.cleanup()
         for part in reversed(self._stoppers):
             await part.stop()
-
