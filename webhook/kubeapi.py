@@ -1,0 +1,166 @@
+"""The few Kubernetes API writes and reads this system makes outside the watches.
+
+A thin adapter over kubernetes_asyncio that speaks raw JSON dicts (no model round-trip, unknown
+fields kept), maps statuses to exceptions the callers act on, and counts every call in
+`webhook_remote_calls_total` with the path that made it ("request" or "background").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from webhook.metrics import REMOTE_CALLS
+
+Obj = dict[str, Any]
+CallPath = Literal["request", "background"]
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class KubeNotFound(KubeError):
+    pass
+
+
+class KubeConflict(KubeError):
+    """409: the object changed since it was read (or already exists on create)."""
+
+
+def _error(exc: ApiException) -> KubeError:
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except (ValueError, AttributeError):
+        message = str(exc.reason)
+    cls = {404: KubeNotFound, 409: KubeConflict}.get(exc.status or 0, KubeError)
+    return cls(exc.status or 0, str(message))
+
+
+async def _raw(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
+    REMOTE_CALLS.labels(target="kubernetes", path=path).inc()
+    try:
+        response = await call(*args, _preload_content=False, **kwargs)
+    except ApiException as exc:
+        raise _error(exc) from None
+    async with response:
+        return json.loads(await response.read())
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeApi:
+    def __init__(self, api_client: ApiClient, install_namespace: str, component: str = "scheduling-webhook") -> None:
+        self.api_client = api_client
+        self.install_namespace = install_namespace
+        self.component = component
+        self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.authn = client.AuthenticationV1Api(api_client)
+        self.authz = client.AuthorizationV1Api(api_client)
+        self.instance = os.environ.get("POD_NAME") or f"{component}-{uuid.uuid4().hex[:8]}"
+
+    # -- namespaces -------------------------------------------------------------------------
+    async def get_namespace(self, name: str, *, path: CallPath = "background") -> Obj:
+        return await _raw(self.core.read_namespace, name, path=path)
+
+    async def patch_namespace(
+        self, name: str, patch: Mapping[str, Any], *, resource_version: str | None = None, path: CallPath = "background"
+    ) -> Obj:
+        """A JSON merge patch; with `resource_version` it applies only to that version (else 409)."""
+        body: dict[str, Any] = json.loads(json.dumps(patch))
+        if resource_version:
+            body.setdefault("metadata", {})["resourceVersion"] = resource_version
+        return await _raw(
+            self.core.patch_namespace,
+            name,
+            body,
+            path=path,
+            _content_type="application/merge-patch+json",
+        )
+
+    # -- configmaps in the install namespace ------------------------------------------------
+    async def get_configmap(self, name: str, *, path: CallPath = "background") -> Obj | None:
+        try:
+            return await _raw(self.core.read_namespaced_config_map, name, self.install_namespace, path=path)
+        except KubeNotFound:
+            return None
+
+    async def create_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
+        return await _raw(self.core.create_namespaced_config_map, self.install_namespace, dict(body), path=path)
+
+    async def replace_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
+        """PUT with the body's metadata.resourceVersion: 409 (KubeConflict) if someone wrote first."""
+        name = body["metadata"]["name"]
+        return await _raw(self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), path=path)
+
+    # -- events ------------------------------------------------------------------------------
+    async def create_event(
+        self,
+        involved: Mapping[str, Any],
+        reason: str,
+        message: str,
+        *,
+        type_: Literal["Normal", "Warning"] = "Normal",
+        path: CallPath = "background",
+    ) -> Obj:
+        """A core/v1 Event about `involved` (an object dict with kind and metadata)."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace") or self.install_namespace
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", ""),
+                "name": meta.get("name", ""),
+                "namespace": meta.get("namespace", ""),
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        return await _raw(self.core.create_namespaced_event, namespace, body, path=path)
+
+    # -- authentication and authorization for the GPU API ------------------------------------
+    async def token_review(self, token: str, *, path: CallPath = "request") -> Obj:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        return await _raw(self.authn.create_token_review, body, path=path)
+
+    async def subject_access_review(
+        self, user: Mapping[str, Any], attributes: Mapping[str, Any], *, path: CallPath = "request"
+    ) -> Obj:
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user.get("username", ""),
+                "uid": user.get("uid", ""),
+                "groups": list(user.get("groups") or ()),
+                "extra": dict(user.get("extra") or {}),
+                "resourceAttributes": dict(attributes),
+            },
+        }
+        return await _raw(self.authz.create_subject_access_review, body, path=path)
