@@ -1,0 +1,398 @@
+"""`scheduling-webhook manifests`: render `manifests/` for one cluster from a values file.
+
+Deliberately not a template engine. The YAML files in `manifests/` are complete, valid objects
+for the default install (namespace `hopsworks`); rendering parses them and changes a known, short
+list of fields per kind. Anything the values do not name stays exactly as written in the files,
+so a reviewer reads the files to know what gets applied.
+
+Where the files come from: `$SCHEDULING_WEBHOOK_MANIFESTS` when set, else `manifests/` next to
+the `webhook` package (a source checkout or an editable install), else `./manifests`. The wheel
+does not carry them: rendering is an installer's job, done from the repository (or the
+container image, which copies them and sets the variable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
+
+# The namespace the files in manifests/ are written for; the renderer swaps it out.
+BASE_NAMESPACE = "hopsworks"
+CONTAINER_NAME = "webhook"
+RUNAI_SECRET_VOLUME = "runai-client-secret"
+CERTS_VOLUME = "certs"
+# System namespaces the pod webhooks never select, besides the install namespace.
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+RESOURCE_FILE = re.compile(r"^\d{2}-[a-z0-9-]+\.ya?ml$")
+MANIFESTS_ENV = "SCHEDULING_WEBHOOK_MANIFESTS"
+LOCAL_CA = Path("certs/ca.crt")
+# G2: the identities allowed to change run_ai_enable reach the server as one comma-separated list
+# (`group:NAME` for a group, otherwise a user name).
+INSTALLERS_ENV = "SCHEDULING_WEBHOOK_INSTALLERS"
+
+DEFAULT_VALUES: dict[str, Any] = {
+    "namespace": BASE_NAMESPACE,
+    "createNamespace": True,
+    "image": None,
+    "imagePullPolicy": None,
+    "replicas": None,
+    "resources": None,
+    "priorityClassName": None,
+    "caBundle": None,
+    "caFile": None,
+    "tlsSecretName": None,
+    "clientCAKey": None,
+    "installers": None,
+    "settings": {},
+    "global": {},
+}
+
+
+class RenderError(ValueError):
+    """The values cannot be rendered; the message says which value and why."""
+
+
+# -- entry points --------------------------------------------------------------------------------
+
+
+def manifests_command(args: argparse.Namespace) -> int:
+    """CLI: render with `args.values` (a path or None) to stdout or one file per object in `args.out`."""
+    try:
+        values: dict[str, Any] = {}
+        if args.values:
+            values_path = Path(args.values)
+            values = load_values(values_path)
+            # A relative caFile means "next to the values file", not "wherever I ran this from".
+            ca_file = values.get("caFile")
+            if isinstance(ca_file, str) and ca_file and not Path(ca_file).is_absolute():
+                values["caFile"] = str(values_path.parent / ca_file)
+        if not values.get("caBundle") and not values.get("caFile") and LOCAL_CA.is_file():
+            # What `scheduling-webhook certs` (and `make certs`) just made in this checkout.
+            print(f"note: no caBundle or caFile in the values, using {LOCAL_CA}", file=sys.stderr)
+            values["caFile"] = str(LOCAL_CA)
+        objects = render(values)
+    except RenderError as exc:
+        print(f"scheduling-webhook manifests: refusing to render: {exc}", file=sys.stderr)
+        return 1
+    if args.out:
+        written = write_dir(objects, Path(args.out))
+        print(f"wrote {len(written)} files to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(dump_all(objects))
+    return 0
+
+
+def load_values(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RenderError(f"cannot read values file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise RenderError(f"values file {path} is not valid YAML: {exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise RenderError(f"values file {path} must hold a mapping, not {type(loaded).__name__}")
+    return loaded
+
+
+def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[str, Any]]:
+    """Objects of `manifests/` (in apply order) with the values applied. Raises RenderError."""
+    merged = _merge_values(values)
+    namespace = _namespace(merged["namespace"])
+    replicas = _replicas(merged["replicas"])
+    base = load_base(source)
+    settings_data = _settings_data(merged, base)
+    ca_bundle = _ca_bundle(merged)
+
+    objects: list[dict[str, Any]] = []
+    for obj in base:
+        kind = obj.get("kind")
+        if kind == "Namespace":
+            if not merged["createNamespace"]:
+                continue
+            obj["metadata"]["name"] = namespace
+        elif "namespace" in obj.get("metadata", {}):
+            obj["metadata"]["namespace"] = namespace
+        if kind in ("ClusterRoleBinding", "RoleBinding"):
+            for subject in obj.get("subjects", []):
+                if subject.get("kind") == "ServiceAccount":
+                    subject["namespace"] = namespace
+        elif kind == "ConfigMap" and obj["metadata"]["name"] == SETTINGS_CONFIGMAP:
+            obj["data"] = settings_data
+        elif kind == "Deployment":
+            _apply_deployment(obj, merged, replicas, settings_data)
+        elif kind == "PodDisruptionBudget" and replicas is not None and replicas < 2:
+            # minAvailable 1 over a single replica would block every node drain.
+            print("note: replicas < 2, leaving out the PodDisruptionBudget", file=sys.stderr)
+            continue
+        elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            _apply_webhooks(obj, namespace, ca_bundle)
+        objects.append(obj)
+    return objects
+
+
+def load_base(source: Path | None = None) -> list[dict[str, Any]]:
+    """The objects in the numbered files of `manifests/`, in file order."""
+    folder = source or manifests_dir()
+    objects: list[dict[str, Any]] = []
+    for path in resource_files(folder):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc is not None:
+                objects.append(doc)
+    if not objects:
+        raise RenderError(f"no manifests found in {folder}")
+    return objects
+
+
+def resource_files(folder: Path) -> list[Path]:
+    """`NN-name.yaml` files: the objects. The values example and READMEs are not objects."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and RESOURCE_FILE.match(p.name))
+
+
+def manifests_dir() -> Path:
+    candidates: list[Path] = []
+    if os.environ.get(MANIFESTS_ENV):
+        candidates.append(Path(os.environ[MANIFESTS_ENV]))
+    candidates += [Path(__file__).resolve().parent.parent / "manifests", Path.cwd() / "manifests"]
+    for folder in candidates:
+        if folder.is_dir() and resource_files(folder):
+            return folder
+    raise RenderError(
+        f"cannot find the manifests folder (looked in {', '.join(map(str, candidates))}); set {MANIFESTS_ENV}"
+    )
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the `scheduler` block) as literal blocks, so the output reads like the files."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def dump(obj: Mapping[str, Any]) -> str:
+    return yaml.dump(dict(obj), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def dump_all(objects: Iterable[Mapping[str, Any]]) -> str:
+    return "".join(f"---\n{dump(obj)}" for obj in objects)
+
+
+def write_dir(objects: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One file per object, numbered so that `kubectl apply -f DIR` keeps the apply order."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index, obj in enumerate(objects):
+        name = f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path = out / re.sub(r"[^a-z0-9.-]+", "-", name.lower())
+        path.write_text(dump(obj), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def _merge_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(DEFAULT_VALUES))
+    if unknown:
+        raise RenderError(f"unknown values {unknown}; known: {sorted(DEFAULT_VALUES)}")
+    merged = copy.deepcopy(DEFAULT_VALUES)
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(merged[key], dict):
+            if not isinstance(value, Mapping):
+                raise RenderError(f"{key}: expected a mapping, got {type(value).__name__}")
+            merged[key] = {**merged[key], **copy.deepcopy(dict(value))}
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _namespace(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
+        raise RenderError(f"namespace: {value!r} is not a valid namespace name")
+    if value in SYSTEM_NAMESPACES or value == "default":
+        raise RenderError(f"namespace: {value!r} is a system namespace; install into a namespace of its own")
+    return value
+
+
+def _settings_data(merged: Mapping[str, Any], base: list[dict[str, Any]]) -> dict[str, str]:
+    """The settings ConfigMap's data: the file's keys overwritten by `settings:`; checked (G1)."""
+    configmap = next(
+        (o for o in base if o.get("kind") == "ConfigMap" and o["metadata"]["name"] == SETTINGS_CONFIGMAP),
+        None,
+    )
+    if configmap is None:
+        raise RenderError(f"the manifests hold no ConfigMap {SETTINGS_CONFIGMAP}")
+    data: dict[str, str] = dict(configmap.get("data") or {})
+    overrides = merged["settings"]
+    known = set(ClusterSettings.model_fields)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        # from_configmap_data ignores unknown keys; a typo such as run_ai_enabled must not pass.
+        raise RenderError(f"settings: unknown keys {unknown}; known: {sorted(known)}")
+    for key, value in overrides.items():
+        data[key] = _configmap_string(key, value)
+    try:
+        settings = ClusterSettings.from_configmap_data(data)
+    except SettingsError as exc:
+        raise RenderError(f"settings: {exc}") from None
+    error = settings.exclusion_error()
+    if error:
+        raise RenderError(error)
+    if settings.run_ai_enable and _helm_kueue_enabled(merged["global"]):
+        raise RenderError(
+            "global._hopsworks.kueue.enabled and run_ai_enable cannot both be true: "
+            "a cluster uses Kueue, Run:ai, or neither"
+        )
+    if settings.run_ai_enable:
+        missing = [
+            key
+            for key in ("run_ai_client_id", "run_ai_client_secret_name", "run_ai_client_secret_key")
+            if not getattr(settings, key)
+        ]
+        if missing:
+            raise RenderError(f"run_ai_enable is true but {', '.join(missing)} is empty")
+    return data
+
+
+def _helm_kueue_enabled(global_values: Any) -> bool:
+    """The Hopsworks chart's Kueue switch, `global._hopsworks.kueue.enabled`, when the values carry it."""
+    node: Any = global_values
+    for key in ("_hopsworks", "kueue", "enabled"):
+        if not isinstance(node, Mapping):
+            return False
+        node = node.get(key)
+    return node is True or (isinstance(node, str) and node.strip().lower() == "true")
+
+
+def _configmap_string(key: str, value: Any) -> str:
+    if key == "scheduler" and isinstance(value, Mapping):
+        return yaml.safe_dump(dict(value), sort_keys=False, default_flow_style=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise RenderError(f"settings.{key}: expected a scalar, got {type(value).__name__}")
+
+
+def _ca_bundle(merged: Mapping[str, Any]) -> str:
+    """base64 of the PEM CA that signed the serving certificate, from caBundle or caFile."""
+    bundle, ca_file = merged["caBundle"], merged["caFile"]
+    if bundle and ca_file:
+        raise RenderError("set caBundle or caFile, not both")
+    if ca_file:
+        try:
+            pem = Path(ca_file).read_bytes()
+        except OSError as exc:
+            raise RenderError(f"caFile: cannot read {ca_file}: {exc.strerror}") from None
+        bundle = base64.b64encode(pem).decode("ascii")
+    if not bundle:
+        raise RenderError(
+            "no CA for the webhook configurations: set caBundle (base64 of ca.crt) or caFile "
+            "(e.g. certs/ca.crt from `scheduling-webhook certs`); without it the apiserver cannot "
+            "verify the webhook and, failing closed, refuses every project pod"
+        )
+    try:
+        pem = base64.b64decode(str(bundle), validate=True)
+    except ValueError:
+        raise RenderError("caBundle is not valid base64") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise RenderError("caBundle does not decode to a PEM certificate")
+    return str(bundle)
+
+
+def _replicas(value: Any) -> int | None:
+    """None keeps the file's count."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RenderError(f"replicas: expected a positive integer, got {value!r}")
+    return value
+
+
+# -- per-kind edits ------------------------------------------------------------------------------
+
+
+def _apply_deployment(
+    obj: dict[str, Any], merged: Mapping[str, Any], replicas: int | None, settings_data: Mapping[str, str]
+) -> None:
+    spec = obj["spec"]
+    pod = spec["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == CONTAINER_NAME)
+
+    if replicas is not None:
+        spec["replicas"] = replicas
+    for key in ("image", "imagePullPolicy"):
+        if merged[key]:
+            container[key] = str(merged[key])
+    if merged["resources"]:
+        if not isinstance(merged["resources"], Mapping):
+            raise RenderError("resources: expected a mapping with requests/limits")
+        container["resources"] = copy.deepcopy(dict(merged["resources"]))
+    if merged["priorityClassName"]:
+        pod["priorityClassName"] = str(merged["priorityClassName"])
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if merged["tlsSecretName"]:
+        volumes[CERTS_VOLUME]["secret"]["secretName"] = str(merged["tlsSecretName"])
+    if merged["clientCAKey"]:
+        # The CA file sits in the same Secret; the server then requires the apiserver's client cert.
+        mount = next(m for m in container["volumeMounts"] if m["name"] == CERTS_VOLUME)
+        container["args"] += ["--client-ca", f"{mount['mountPath']}/{merged['clientCAKey']}"]
+
+    # The Run:ai client secret volume follows the settings; with no Secret named, no volume.
+    secret_name = settings_data.get("run_ai_client_secret_name", "")
+    secret_key = settings_data.get("run_ai_client_secret_key", "")
+    if secret_name and secret_key:
+        runai = volumes[RUNAI_SECRET_VOLUME]["secret"]
+        runai["secretName"] = secret_name
+        runai["items"] = [{"key": secret_key, "path": secret_key}]
+    else:
+        pod["volumes"] = [v for v in pod["volumes"] if v["name"] != RUNAI_SECRET_VOLUME]
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != RUNAI_SECRET_VOLUME]
+
+    installers = merged["installers"]
+    if installers is not None:
+        if not isinstance(installers, list) or not all(_identity_ok(n) for n in installers):
+            raise RenderError("installers: expected a list of user names and group:NAME, without commas")
+        env = next(e for e in container["env"] if e["name"] == INSTALLERS_ENV)
+        env["value"] = ",".join(installers)
+
+
+def _identity_ok(name: Any) -> bool:
+    return isinstance(name, str) and bool(name.strip()) and "," not in name
+
+
+def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str) -> None:
+    for hook in obj["webhooks"]:
+        client = hook["clientConfig"]
+        client["caBundle"] = ca_bundle
+        client["service"]["namespace"] = namespace
+        for selector_key in ("namespaceSelector", "objectSelector"):
+            for expr in (hook.get(selector_key) or {}).get("matchExpressions", []):
+                if expr.get("key") == NAMESPACE_LABEL:
+                    # The install namespace is excluded from (or, for settings, the only match of)
+                    # the selectors; follow it to wherever it is installed.
+                    expr["values"] = [namespace if v == BASE_NAMESPACE else v for v in expr["values"]]
