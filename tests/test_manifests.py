@@ -1,0 +1,679 @@
+"""manifests/, the renderer, and the Dockerfile.
+
+Schemas come from kubernetes-validate in strict mode (unknown fields fail), at the oldest
+Kubernetes the manifests claim (1.30: matchConditions GA, the preStop sleep action) and the
+newest the package ships. The selector checks evaluate the label selectors the way the apiserver
+does, against namespaces labelled as an adversary might label them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from webhook import manifests
+from webhook.manifests import RenderError, render
+from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+EXAMPLE_VALUES = MANIFESTS / "values.example.yaml"
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+# Mutating configurations that read the labels ours adds, so ours must be called before them:
+# Kueue's (plain and as a Helm subchart of a "hopsworks" release) and Run:ai's cluster webhooks.
+LATER_MUTATORS = (
+    "kueue-mutating-webhook-configuration",
+    "hopsworks-kueue-mutating-webhook-configuration",
+    "runai-fractional-gpus",
+    "runai-label-project",
+    "runai-mutating-webhook",
+    "runai-node-affinity",
+    "runai-admission-controller",
+)
+SERVER_PATHS = {"/mutate/pods", "/validate/pods", "/validate/workloads", "/validate/settings"}
+CLUSTER_SCOPED = (
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+)
+POD_HOOKS = (
+    "mutate-pods.scheduling.hopsworks.ai",
+    "validate-pods.scheduling.hopsworks.ai",
+    "validate-workloads.scheduling.hopsworks.ai",
+)
+
+
+# -- fixtures and helpers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ca_pem() -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "manifests-test-ca")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def ca_bundle(ca_pem: bytes) -> str:
+    return base64.b64encode(ca_pem).decode("ascii")
+
+
+@pytest.fixture
+def example_values(ca_bundle: str) -> dict[str, Any]:
+    values = manifests.load_values(EXAMPLE_VALUES)
+    values.pop("caFile")
+    values["caBundle"] = ca_bundle
+    return values
+
+
+@pytest.fixture
+def rendered(ca_bundle: str) -> list[dict[str, Any]]:
+    return render({"caBundle": ca_bundle})
+
+
+def file_objects() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in manifests.resource_files(MANIFESTS):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                out.append((path.name, doc))
+    return out
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def webhooks(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    hooks = {}
+    for obj in objects:
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in obj["webhooks"]:
+                hooks[hook["name"]] = {**hook, "_configuration": obj}
+    return hooks
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics; a missing selector matches everything."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def namespace_labels(name: str, project: bool = True) -> dict[str, str]:
+    labels = {"kubernetes.io/metadata.name": name}
+    if project:
+        labels["hopsworks.ai/project"] = name
+    return labels
+
+
+def hook_reaches(hook: Mapping[str, Any], namespace: str, project: bool = True) -> bool:
+    """Would the apiserver call this webhook for an object in (or, cluster-scoped, being) `namespace`?"""
+    labels = namespace_labels(namespace, project)
+    scopes = {rule.get("scope", "*") for rule in hook["rules"]}
+    if scopes == {"Cluster"}:
+        return selector_matches(hook.get("objectSelector"), labels)
+    return selector_matches(hook.get("namespaceSelector"), labels)
+
+
+def strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from strings(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from strings(value, f"{path}[{index}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "webhook")
+
+
+def env_value(c: Mapping[str, Any], name: str) -> Any:
+    entry = next(e for e in c["env"] if e["name"] == name)
+    return entry.get("value", entry.get("valueFrom"))
+
+
+def run_cli(argv: list[str]) -> int:
+    from webhook.cli import build_parser
+
+    args: argparse.Namespace = build_parser().parse_args(argv)
+    return manifests.manifests_command(args)
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+def _object_id(value: Any) -> str:
+    return value if isinstance(value, str) else value["kind"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("filename", "obj"), file_objects(), ids=_object_id)
+def test_every_manifest_file_passes_the_schema(filename: str, obj: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_manifest_files_hold_the_expected_objects_in_apply_order() -> None:
+    kinds = [obj["kind"] for _, obj in file_objects()]
+    assert kinds[0] == "Namespace"
+    # Webhook configurations last: they point at a Service that must exist first.
+    assert set(kinds[-2:]) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    for kind in ("ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "Deployment"):
+        assert kind in kinds
+    assert kinds.index("ServiceAccount") < kinds.index("Deployment")
+    assert "PodDisruptionBudget" in kinds
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_rendered_object_passes_the_schema(example_values: dict[str, Any], version: str) -> None:
+    objects = render({**example_values, "namespace": "platform", "clientCAKey": "client-ca.crt"})
+    assert len(objects) == len(file_objects())
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_values_example_renders_through_the_cli(tmp_path: Path, ca_pem: bytes, capsys: Any) -> None:
+    # caFile is relative to the values file, as in the example.
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "ca.crt").write_bytes(ca_pem)
+    (tmp_path / "values").mkdir()
+    values = tmp_path / "values" / "values.yaml"
+    values.write_text(EXAMPLE_VALUES.read_text())
+    assert run_cli(["manifests", "--values", str(values)]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["kind"] for d in docs] == [o["kind"] for _, o in file_objects()]
+    bundle = webhooks(docs)["mutate-pods.scheduling.hopsworks.ai"]["clientConfig"]["caBundle"]
+    assert base64.b64decode(bundle) == ca_pem
+
+
+def test_out_writes_one_file_per_object_in_apply_order(tmp_path: Path, ca_bundle: str) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"caBundle": ca_bundle, "namespace": "platform"}))
+    out = tmp_path / "out"
+    assert run_cli(["manifests", "--values", str(values), "--out", str(out)]) == 0
+    files = sorted(out.iterdir())
+    expected = render({"caBundle": ca_bundle, "namespace": "platform"})
+    assert [yaml.safe_load(f.read_text()) for f in files] == expected
+    assert all(re.match(r"^\d{2}-", f.name) for f in files)
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"settings": {"kueue_installed": True, "run_ai_enable": True, "run_ai_client_id": "hw"}},
+        {"settings": {"kueue_installed": "true", "run_ai_enable": "true", "run_ai_client_id": "hw"}},
+        {
+            "settings": {"run_ai_enable": True, "run_ai_client_id": "hw"},
+            "global": {"_hopsworks": {"kueue": {"enabled": True}}},
+        },
+    ],
+    ids=["flags", "string-flags", "helm-kueue-flag"],
+)
+def test_render_refuses_kueue_and_runai_both_on(
+    values: dict[str, Any], ca_bundle: str, tmp_path: Path, capsys: Any
+) -> None:
+    with pytest.raises(RenderError, match="cannot both be true"):
+        render({**values, "caBundle": ca_bundle})
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({**values, "caBundle": ca_bundle}))
+    assert run_cli(["manifests", "--values", str(path)]) != 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "refusing to render" in captured.err and "run_ai_enable" in captured.err
+
+
+def test_either_one_alone_renders(ca_bundle: str) -> None:
+    render({"caBundle": ca_bundle, "settings": {"kueue_installed": True}})
+    render(
+        {
+            "caBundle": ca_bundle,
+            "settings": {"run_ai_enable": True, "run_ai_client_id": "hw"},
+            "global": {"_hopsworks": {"kueue": {"enabled": False}}},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"namespaec": "x"}, "unknown values"),
+        ({"settings": {"run_ai_enabled": True}}, "unknown keys"),
+        ({"settings": {"run_ai_project_gpu_quota": -1}}, "run_ai_project_gpu_quota"),
+        ({"settings": {"scheduler": "available: [unclosed"}}, "scheduler"),
+        ({"settings": {"run_ai_enable": True, "run_ai_client_id": ""}}, "run_ai_client_id"),
+        ({"namespace": "kube-system"}, "system namespace"),
+        ({"namespace": "Not_A_Name"}, "not a valid namespace"),
+        ({"replicas": 0}, "replicas"),
+        ({"installers": "group:system:masters"}, "installers"),
+        ({"caBundle": None}, "no CA"),
+        ({"caBundle": "not base64!"}, "base64"),
+        ({"caBundle": base64.b64encode(b"hello").decode()}, "PEM"),
+    ],
+)
+def test_render_refuses_bad_values(values: dict[str, Any], message: str, ca_bundle: str) -> None:
+    with pytest.raises(RenderError, match=message):
+        render({"caBundle": ca_bundle, **values})
+
+
+# -- webhook configurations ----------------------------------------------------------------------
+
+
+def test_mutating_configuration_is_called_before_kueue_and_runai(rendered: list[dict[str, Any]]) -> None:
+    mutating = one(rendered, "MutatingWebhookConfiguration")
+    # The apiserver calls mutating configurations in order of name (byte order).
+    ordered = sorted([mutating["metadata"]["name"], *LATER_MUTATORS])
+    assert ordered[0] == mutating["metadata"]["name"]
+    for hook in mutating["webhooks"]:
+        assert hook["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_every_webhook_is_v1_short_and_explicit(rendered: list[dict[str, Any]], ca_bundle: str) -> None:
+    service = one(rendered, "Service")
+    hooks = webhooks(rendered)
+    assert set(hooks) == {
+        *POD_HOOKS,
+        "validate-settings.scheduling.hopsworks.ai",
+        "validate-namespaces.scheduling.hopsworks.ai",
+    }
+    for name, hook in hooks.items():
+        assert hook["admissionReviewVersions"] == ["v1"], name
+        assert hook["matchPolicy"] == "Equivalent", name
+        assert 1 <= hook["timeoutSeconds"] <= 10, name
+        assert hook["failurePolicy"] in ("Fail", "Ignore"), name
+        ref = hook["clientConfig"]["service"]
+        assert ref["name"] == service["metadata"]["name"], name
+        assert ref["namespace"] == service["metadata"]["namespace"], name
+        assert ref["port"] == service["spec"]["ports"][0]["port"] == 443, name
+        assert ref["path"] in SERVER_PATHS, name
+        assert hook["clientConfig"]["caBundle"] == ca_bundle, name
+
+
+def test_side_effects_as_designed(rendered: list[dict[str, Any]]) -> None:
+    hooks = webhooks(rendered)
+    # validate-pods reserves GPUs and may bind the namespace; nothing else writes.
+    assert hooks["validate-pods.scheduling.hopsworks.ai"]["sideEffects"] == "NoneOnDryRun"
+    for name in set(hooks) - {"validate-pods.scheduling.hopsworks.ai"}:
+        assert hooks[name]["sideEffects"] == "None", name
+
+
+def test_quota_and_scheduling_fail_closed(rendered: list[dict[str, Any]]) -> None:
+    hooks = webhooks(rendered)
+    assert hooks["mutate-pods.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+    assert hooks["validate-pods.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+    assert hooks["validate-settings.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+
+
+@pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
+def test_pod_webhooks_reach_project_namespaces_only(install_namespace: str, ca_bundle: str) -> None:
+    hooks = webhooks(render({"caBundle": ca_bundle, "namespace": install_namespace}))
+    for name in POD_HOOKS:
+        hook = hooks[name]
+        assert hook_reaches(hook, "team-a"), name
+        assert not hook_reaches(hook, "team-b", project=False), name
+        # Even if someone labels them as projects, these are never sent to us.
+        for excluded in ("kube-system", "kube-public", "kube-node-lease", install_namespace):
+            assert not hook_reaches(hook, excluded), f"{name} reaches {excluded}"
+
+
+@pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
+def test_settings_webhook_reaches_only_the_install_namespace(install_namespace: str, ca_bundle: str) -> None:
+    hook = webhooks(render({"caBundle": ca_bundle, "namespace": install_namespace}))[
+        "validate-settings.scheduling.hopsworks.ai"
+    ]
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["configmaps"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook_reaches(hook, install_namespace, project=False)
+    for other in ("kube-system", "team-a", "hopsworks" if install_namespace != "hopsworks" else "other"):
+        assert not hook_reaches(hook, other), other
+    expressions = " ".join(c["expression"] for c in hook["matchConditions"])
+    assert f"'{SETTINGS_CONFIGMAP}'" in expressions
+    assert "namespace-controller" in expressions
+
+
+def test_namespace_webhook_selects_project_namespaces_by_object(rendered: list[dict[str, Any]]) -> None:
+    hook = webhooks(rendered)["validate-namespaces.scheduling.hopsworks.ai"]
+    assert hook["rules"][0]["resources"] == ["namespaces"]
+    assert hook["rules"][0]["scope"] == "Cluster"
+    assert "namespaceSelector" not in hook  # ignored for cluster-scoped resources
+    assert hook_reaches(hook, "team-a")
+    assert not hook_reaches(hook, "team-b", project=False)
+    assert not hook_reaches(hook, "kube-system")
+    assert not hook_reaches(hook, "hopsworks")
+
+
+def test_workload_webhook_covers_pod_owners(rendered: list[dict[str, Any]]) -> None:
+    hook = webhooks(rendered)["validate-workloads.scheduling.hopsworks.ai"]
+    covered = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {("apps", "deployments"), ("apps", "statefulsets"), ("batch", "jobs")} <= covered
+    assert all(set(rule["operations"]) == {"CREATE", "UPDATE"} for rule in hook["rules"])
+
+
+# -- Deployment, Service, PDB ------------------------------------------------------------------------
+
+
+def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, Any]]) -> None:
+    deployment = one(rendered, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(rendered)
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert sc.get("privileged") is not True
+    assert sc["runAsUser"] == pod["securityContext"]["runAsUser"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert (get["path"], get["scheme"]) == (path, "HTTPS")
+        assert get["port"] in ("https", 8443)
+
+    spread = pod.get("topologySpreadConstraints") or []
+    anti = (pod.get("affinity") or {}).get("podAntiAffinity")
+    assert anti or any(t["topologyKey"] == "kubernetes.io/hostname" and t["maxSkew"] == 1 for t in spread), (
+        "replicas are not spread across nodes"
+    )
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for t in spread:
+        assert selector_matches(t["labelSelector"], labels)
+
+    # Draining: a preStop delay inside the grace period.
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] < pod["terminationGracePeriodSeconds"]
+
+
+def test_deployment_runs_serve_with_mounted_certs_and_namespace(rendered: list[dict[str, Any]]) -> None:
+    pod = one(rendered, "Deployment")["spec"]["template"]["spec"]
+    c = container(rendered)
+    args = c["args"]
+    assert args[0] == "serve"
+    flags = dict(zip(args[1::2], args[2::2], strict=True))
+    assert flags["--namespace"] == "$(POD_NAMESPACE)"
+    assert env_value(c, "POD_NAMESPACE") == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    certs = volumes[mounts[flags["--certs"]]["name"]]
+    assert certs["secret"]["secretName"]
+    runai = volumes[mounts[flags["--runai-secret-dir"]]["name"]]
+    assert runai["secret"]["optional"] is True
+    assert volumes[mounts["/tmp"]["name"]]["emptyDir"] is not None
+    assert c["ports"][0]["containerPort"] == int(flags["--port"])
+
+
+def test_service_and_pdb_select_the_webhook_pods(rendered: list[dict[str, Any]]) -> None:
+    labels = one(rendered, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = one(rendered, "Service")
+    assert selector_matches({"matchLabels": service["spec"]["selector"]}, labels)
+    port = service["spec"]["ports"][0]
+    named = {p["name"]: p["containerPort"] for p in container(rendered)["ports"]}
+    assert port["port"] == 443 and named[port["targetPort"]] == 8443
+    pdb = one(rendered, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert selector_matches(pdb["spec"]["selector"], labels)
+
+
+def test_single_replica_drops_the_pdb(ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "replicas": 1})
+    assert one(objects, "Deployment")["spec"]["replicas"] == 1
+    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+
+
+# -- RBAC ----------------------------------------------------------------------------------------
+
+
+def rules_of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for o in objects if o["kind"] == kind for rule in o["rules"]]
+
+
+def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str, name: str = "") -> bool:
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]:
+            names = rule.get("resourceNames")
+            if not names or name in names:
+                return True
+    return False
+
+
+def test_rbac_has_no_wildcards_and_no_secrets(rendered: list[dict[str, Any]]) -> None:
+    for kind in ("ClusterRole", "Role"):
+        for rule in rules_of(rendered, kind):
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], (kind, rule)
+            assert "secrets" not in rule["resources"], "the secrets arrive as mounted files"
+            assert not {"escalate", "bind", "impersonate", "delete", "deletecollection"} & set(rule["verbs"])
+            assert not rule.get("nonResourceURLs")
+
+
+def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> None:
+    cluster = rules_of(rendered, "ClusterRole")
+    for group, resource in (
+        ("", "namespaces"),
+        ("", "pods"),
+        ("scheduling.k8s.io", "priorityclasses"),
+        ("kueue.x-k8s.io", "localqueues"),
+    ):
+        for verb in ("list", "watch"):
+            assert allows(cluster, group, resource, verb), (resource, verb)
+    assert allows(cluster, "", "namespaces", "patch") and allows(cluster, "", "namespaces", "update")
+    assert not allows(cluster, "", "namespaces", "create")
+    assert not allows(cluster, "", "pods", "create")
+    assert allows(cluster, "", "events", "create")
+    assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
+    assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
+
+    role = rules_of(rendered, "Role")
+    lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
+    assert allows(role, "coordination.k8s.io", "leases", "update", lease)
+    assert allows(role, "coordination.k8s.io", "leases", "get", lease)
+    assert not allows(role, "coordination.k8s.io", "leases", "update", "someone-elses-lease")
+    assert allows(role, "", "configmaps", "watch") and allows(role, "", "configmaps", "update")
+
+
+@pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
+def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "namespace": install_namespace})
+    account = one(objects, "ServiceAccount")["metadata"]
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = one(objects, kind)
+        assert binding["roleRef"]["name"] == one(objects, role_kind)["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": install_namespace}
+        ]
+    assert one(objects, "Role")["metadata"]["namespace"] == install_namespace
+
+
+# -- values substitution -----------------------------------------------------------------------------
+
+
+def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "namespace": "platform"})
+    assert one(objects, "Namespace")["metadata"]["name"] == "platform"
+    for obj in objects:
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert obj["metadata"]["namespace"] == "platform", obj["kind"]
+        for path, value in strings(obj):
+            # "hopsworks" as a whole value can only be the old namespace (label values aside:
+            # part-of names the platform).
+            if value == "hopsworks":
+                assert ".labels." in path, f"{obj['kind']}{path} still says hopsworks"
+    for hook in webhooks(objects).values():
+        assert hook["clientConfig"]["service"]["namespace"] == "platform"
+
+
+def test_create_namespace_false_leaves_it_out(ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "createNamespace": False})
+    assert not [o for o in objects if o["kind"] == "Namespace"]
+
+
+def test_settings_values_reach_the_configmap(example_values: dict[str, Any]) -> None:
+    values = {
+        **example_values,
+        "settings": {
+            **example_values["settings"],
+            "run_ai_enable": True,
+            "run_ai_client_id": "hopsworks-sa",
+            "run_ai_project_gpu_quota": 1.5,
+        },
+    }
+    configmap = one(render(values), "ConfigMap", SETTINGS_CONFIGMAP)
+    data = configmap["data"]
+    assert all(isinstance(v, str) for v in data.values())
+    assert data["run_ai_enable"] == "true"
+    settings = ClusterSettings.from_configmap_data(data)
+    assert settings.run_ai_enable and settings.run_ai_client_id == "hopsworks-sa"
+    assert settings.run_ai_project_gpu_quota == 1.5
+    assert settings.scheduler.defaults.priority_class == "hopsworks-normal"
+    assert "hopsworks-high" in settings.scheduler.available.priority_classes
+
+
+def test_settings_configmap_in_the_files_has_every_key_and_parses() -> None:
+    configmap = next(o for _, o in file_objects() if o["kind"] == "ConfigMap")
+    assert configmap["metadata"]["name"] == SETTINGS_CONFIGMAP
+    assert set(configmap["data"]) == set(ClusterSettings.model_fields)
+    settings = ClusterSettings.from_configmap_data(configmap["data"])
+    assert settings.exclusion_error() is None
+    assert not settings.run_ai_enable and not settings.kueue_installed
+
+
+def test_deployment_values_are_applied(ca_bundle: str) -> None:
+    values = {
+        "caBundle": ca_bundle,
+        "image": "registry.example.com/hw/scheduling-webhook:9.9.9",
+        "replicas": 3,
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "priorityClassName": "hopsworks-platform",
+        "tlsSecretName": "my-tls",
+        "clientCAKey": "client-ca.crt",
+        "installers": ["system:serviceaccount:hopsworks:installer", "group:platform-admins"],
+        "settings": {"run_ai_client_secret_name": "runai-sa", "run_ai_client_secret_key": "secret"},
+    }
+    objects = render(values)
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(objects)
+    assert deployment["spec"]["replicas"] == 3
+    assert c["image"] == values["image"]
+    assert c["resources"] == values["resources"]
+    assert pod["priorityClassName"] == "hopsworks-platform"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["certs"]["secret"]["secretName"] == "my-tls"
+    assert c["args"][-2:] == ["--client-ca", "/certs/client-ca.crt"]
+    assert volumes["runai-client-secret"]["secret"]["secretName"] == "runai-sa"
+    assert volumes["runai-client-secret"]["secret"]["items"] == [{"key": "secret", "path": "secret"}]
+    assert env_value(c, "SCHEDULING_WEBHOOK_INSTALLERS") == ",".join(values["installers"])
+
+
+def test_no_runai_secret_named_means_no_runai_volume(ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "settings": {"run_ai_client_secret_name": ""}})
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "runai-client-secret" not in {v["name"] for v in pod["volumes"]}
+    assert "runai-client-secret" not in {m["name"] for m in container(objects)["volumeMounts"]}
+
+
+def test_render_does_not_change_the_files(ca_bundle: str) -> None:
+    before = file_objects()
+    render({"caBundle": ca_bundle, "namespace": "platform", "replicas": 5})
+    assert file_objects() == before
+
+
+# -- Dockerfile ----------------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text()
+    joined = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_is_multi_stage_and_runs_as_the_manifests_uid(rendered: list[dict[str, Any]]) -> None:
+    instructions = dockerfile_instructions()
+    froms = [rest for word, rest in instructions if word == "FROM"]
+    assert len(froms) >= 2
+    final_stage = len(instructions) - 1 - [w for w, _ in instructions][::-1].index("FROM")
+    users = [rest for word, rest in instructions[final_stage:] if word == "USER"]
+    assert users, "the runtime stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"USER {users[-1]} is not a numeric non-root user"
+    pod_uid = one(rendered, "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert int(uid) == pod_uid
+    assert ("ENTRYPOINT", '["scheduling-webhook"]') in instructions
+    cmd = next(rest for word, rest in instructions if word == "CMD")
+    assert cmd.startswith('["serve"')
+
+
+def test_dockerfile_bakes_in_no_secrets() -> None:
+    for word, rest in dockerfile_instructions():
+        if word in ("ENV", "ARG", "LABEL"):
+            assert not re.search(r"secret|password|token|api_key", rest, re.IGNORECASE), rest
+        if word in ("COPY", "ADD"):
+            assert "certs" not in rest.split()[0], rest
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    # Allow-list: everything is excluded first, and certs/ is never let back in.
+    assert "*" in ignore
+    assert not [line for line in ignore if line.startswith("!") and "cert" in line]
