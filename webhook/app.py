@@ -199,6 +199,7 @@ class ServeOptions:
     runai_secret_dir: Path | None = None
     installers: tuple[str, ...] = ()
     service_account: str = "scheduling-webhook"
+    lease_name: str = "scheduling-webhook-leader"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
     shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
 
@@ -213,8 +214,9 @@ class ServeOptions:
             client_ca=Path(args.client_ca) if args.client_ca else None,
             runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
             installers=tuple(args.installer)
-            + tuple(i.strip() for i in os.environ.get("WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
-            service_account=args.service_account,
+            + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
+            service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
+            lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
         )
 

@@ -25,12 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="identity allowed to change run_ai_enable: a username, or group:NAME (repeatable; "
-        "also $WEBHOOK_INSTALLERS, comma-separated)",
+        "also $SCHEDULING_WEBHOOK_INSTALLERS, comma-separated)",
     )
     serve.add_argument(
         "--service-account",
         default="scheduling-webhook",
-        help="this server's own ServiceAccount name (its edits of namespaces are its own)",
+        help="this server's own ServiceAccount name, also $SERVICE_ACCOUNT_NAME (its namespace edits are its own)",
     )
 
     certs = sub.add_parser("certs", help="make a CA and a serving certificate")
