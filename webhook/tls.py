@@ -263,18 +263,18 @@ def write_file_atomic(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def write_serving_files(out_dir: Path, ca: CertKey, serving: CertKey, *, write_ca_key: bool) -> list[Path]:
-    """Write ca.crt (and ca.key), tls.crt and tls.key; keys 0600. Returns the paths written."""
+def write_serving_files(out_dir: Path, ca: CertKey, serving: CertKey, *, write_ca: bool) -> list[Path]:
+    """Write tls.crt and tls.key, and with `write_ca` ca.crt and ca.key; keys 0600. Returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    if write_ca_key:
+    if write_ca:
         write_file_atomic(out_dir / CA_KEY_FILE, ca.key_pem, 0o600)
-        written.append(out_dir / CA_KEY_FILE)
-    write_file_atomic(out_dir / CA_CERT_FILE, ca.cert_pem, 0o644)
+        write_file_atomic(out_dir / CA_CERT_FILE, ca.cert_pem, 0o644)
+        written += [out_dir / CA_KEY_FILE, out_dir / CA_CERT_FILE]
     # Key before certificate: a watcher that looks in between sees a mismatch and keeps the old pair.
     write_file_atomic(out_dir / KEY_FILE, serving.key_pem, 0o600)
     write_file_atomic(out_dir / CERT_FILE, serving.cert_pem, 0o644)
-    written += [out_dir / CA_CERT_FILE, out_dir / KEY_FILE, out_dir / CERT_FILE]
+    written += [out_dir / KEY_FILE, out_dir / CERT_FILE]
     return written
 
 
@@ -313,7 +313,7 @@ def certs_command(args: Any) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    written = write_serving_files(out, ca, serving, write_ca_key=not keep_ca)
+    written = write_serving_files(out, ca, serving, write_ca=not keep_ca)
     ca_name = ca.cert.subject.rfc4514_string()
     if keep_ca:
         print(f"kept CA {ca_crt} ({ca_name}, expires {ca.cert.not_valid_after_utc:%Y-%m-%d})")
