@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from aiohttp import web
+from kubernetes_asyncio import config
+from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.app import SERVER_KEY, ServeOptions, StartupError, create_app, default_handlers
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
+
+
+async def kube_api_client() -> ApiClient:
+    """In a pod: the ServiceAccount; elsewhere: the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return ApiClient()
+    configuration = Configuration()
+    await config.load_kube_config(client_configuration=configuration)
+    return ApiClient(configuration)
 
 
 class Runtime:
@@ -22,6 +35,7 @@ class Runtime:
         self._stoppers: list[Any] = []
         self.app: web.Application | None = None
         self.runner: web.AppRunner | None = None
+        self.api_client: ApiClient | None = None
 
     async def start(self) -> None:
         await self._start_state()
@@ -56,9 +70,14 @@ class Runtime:
                 raise StartupError(str(exc)) from None
             self._stoppers.append(source)
             return
-        from webhook.state.kube import start_kube_state
+        from webhook.state.kube import KubeWatcher
 
-        self._stoppers.append(await start_kube_state(self.state, self.options.namespace))
+        self.api_client = await kube_api_client()
+        watcher = KubeWatcher(self.state, self.api_client, self.options.namespace)
+        await watcher.start()
+        self._stoppers.append(watcher)
+        # The G1 check below needs the settings; the apiserver is local, so this is quick.
+        await watcher.wait_synced(within_s=60)
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
@@ -69,3 +88,5 @@ class Runtime:
             await self.runner.cleanup()
         for part in reversed(self._stoppers):
             await part.stop()
+        if self.api_client is not None:
+            await self.api_client.close()
