@@ -397,7 +397,7 @@ class KubeEmulator:
     async def start(self) -> None:
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 2**20)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -1092,15 +1092,25 @@ class KubeEmulator:
                         out = self._filter(watch, event)
                         if out is not None:
                             initial.append(out)
+        if gone is None:
+            self._watches[watch] = request  # before the first await: no event can slip in between
+        # A bookmark may only claim what this watch has delivered: the global version once its queue
+        # is drained, else the version of the last event sent.
+        sent = self._rv
+
+        def bookmark() -> bytes:
+            rv = self._rv if watch.queue.empty() else sent
+            meta = {"resourceVersion": str(rv)}
+            return self._line("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
+
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
-        await response.prepare(request)
-        if gone is not None:
-            await response.write(self._line("ERROR", gone.status()))
-            await response.write_eof()
-            return response
-        self._watches[watch] = request
         try:
+            await response.prepare(request)
+            if gone is not None:
+                await response.write(self._line("ERROR", gone.status()))
+                await response.write_eof()
+                return response
             for etype, obj in initial:
                 await response.write(self._line(etype, obj))
             deadline = time.monotonic() + timeout
@@ -1113,7 +1123,7 @@ class KubeEmulator:
                     item = await asyncio.wait_for(watch.queue.get(), wait)
                 except TimeoutError:
                     if bookmarks and self.bookmark_interval and deadline - time.monotonic() > 0:
-                        await response.write(self._line("BOOKMARK", self._bookmark(rt)))
+                        await response.write(bookmark())
                     continue
                 if item is _DROP:
                     if request.transport is not None:
@@ -1123,17 +1133,15 @@ class KubeEmulator:
                     break
                 etype, obj = item
                 await response.write(self._line(etype, obj))
-            if bookmarks:  # like the apiserver: a last bookmark so the client resumes from the newest RV
-                await response.write(self._line("BOOKMARK", self._bookmark(rt)))
+                sent = int(obj["metadata"]["resourceVersion"])
+            if bookmarks:  # like the apiserver: a last bookmark so the client resumes from there
+                await response.write(bookmark())
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client went away
         finally:
             self._watches.pop(watch, None)
         return response
-
-    def _bookmark(self, rt: ResourceType) -> Obj:
-        return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(self._rv)}}
 
     @staticmethod
     def _line(etype: str, obj: Obj) -> bytes:
