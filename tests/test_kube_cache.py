@@ -1,0 +1,322 @@
+"""The watch-fed caches (webhook.state.kube) against the API emulator, over HTTP with the real client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from tests.support.kube_emulator import KubeEmulator, eventually
+from webhook.metrics import REGISTRY
+from webhook.settings import SETTINGS_CONFIGMAP
+from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming, default_watches
+from webhook.state.store import ClusterState
+
+INSTALL_NS = "hopsworks"
+FAST = WatchTiming(page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+
+
+def priority_class(name: str, value: int) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+
+
+def settings(ns: str = INSTALL_NS, **data: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": SETTINGS_CONFIGMAP, "namespace": ns},
+        "data": data,
+    }
+
+
+def pod(ns: str, name: str, gpus: int = 0, phase: str = "Running") -> dict[str, Any]:
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"hopsworks.ai/workload-type": "notebook"}},
+        "spec": {"containers": [{"name": "main", "image": "python", "resources": resources}]},
+        "status": {"phase": phase},
+    }
+
+
+def local_queue(ns: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": name, "namespace": ns}}
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def pod_names(state: ClusterState) -> set[str]:
+    return {f"{r.namespace}/{r.name}" for pods in state.pods.values() for r in pods.values()}
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emulator:
+        emulator.put_object(namespace(INSTALL_NS))
+        yield emulator
+
+
+@pytest.fixture
+async def api(kube: KubeEmulator) -> AsyncIterator[ApiClient]:
+    async with kube.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    return ClusterState(INSTALL_NS)
+
+
+@pytest.fixture
+async def watcher(state: ClusterState, api: ApiClient) -> AsyncIterator[KubeWatcher]:
+    w = KubeWatcher(state, api, INSTALL_NS, timing=FAST)
+    yield w
+    await w.stop()
+
+
+def list_calls(kube: KubeEmulator, path: str) -> int:
+    return len(kube.calls("GET", path, watch=False))
+
+
+async def test_initial_sync_fills_the_store_and_sets_readiness(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn"}))
+    kube.put_object(namespace("other"))
+    kube.put_object(priority_class("low", 10))
+    kube.put_object(settings(kueue_installed="true"))
+    kube.put_object(settings("other", run_ai_enable="true"))  # same name, wrong namespace: not ours
+    kube.put_object(local_queue("churn", "default"))
+    for i in range(5):  # more than a page (page_size=2): the list is paginated
+        kube.put_object(pod("churn", f"p{i}", gpus=1 if i == 0 else 0))
+    assert not state.ready()
+
+    await watcher.start()
+    assert set(state.synced) == {"Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"}
+    assert await watcher.wait_synced(5)
+    assert state.ready()
+    assert set(state.namespaces) == {INSTALL_NS, "churn", "other"}
+    assert state.namespaces["churn"].is_project
+    assert state.priority_classes["low"].value == 10
+    assert state.settings.kueue_installed and not state.settings.run_ai_enable
+    assert state.local_queues == {"churn": frozenset({"default"})}
+    assert pod_names(state) == {f"churn/p{i}" for i in range(5)}
+    gpus = {r.name: r.gpus for r in state.pods["churn"].values()}
+    assert gpus["p0"] == 1.0 and gpus["p1"] == 0.0
+    assert list_calls(kube, "/api/v1/pods") == 3  # 5 pods in pages of 2
+    settings_lists = [r for r in kube.calls("GET", f"/api/v1/namespaces/{INSTALL_NS}/configmaps")]
+    assert all(r.query.get("fieldSelector") == f"metadata.name={SETTINGS_CONFIGMAP}" for r in settings_lists)
+    assert metric("webhook_cache_objects", kind="Pod") == 5
+
+
+async def test_changes_show_up_without_a_restart(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:
+    kube.put_object(namespace("churn"))
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    lists_before = len(kube.calls("GET", watch=False))
+    events_before = metric("webhook_watch_events_total", kind="Namespace", type="MODIFIED")
+    background_before = metric("webhook_remote_calls_total", target="kubernetes", path="background")
+
+    kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn", "hopsworks.ai/department": "risk"}))
+    await eventually(lambda: state.namespaces["churn"].department == "risk")
+    kube.put_object(priority_class("high", 1000))
+    await eventually(lambda: "high" in state.priority_classes)
+    namespace_events = metric("webhook_watch_events_total", kind="Namespace", type="ADDED")
+    kube.put_object(settings(run_ai_enable="true", run_ai_project_gpu_quota="2"))
+    await eventually(lambda: state.settings.run_ai_enable)
+    assert state.settings.run_ai_project_gpu_quota == 2
+    kube.put_object(namespace("other-ns"))
+    kube.put_object(settings("other-ns", kueue_installed="true"))  # filtered out by the field selector
+    kube.delete_object("ConfigMap", SETTINGS_CONFIGMAP, INSTALL_NS)
+    await eventually(lambda: not state.settings.run_ai_enable)
+    assert not state.settings.kueue_installed
+    kube.put_object(local_queue("churn", "gpu"))
+    await eventually(lambda: state.local_queues.get("churn") == frozenset({"gpu"}))
+    kube.delete_object("PriorityClass", "high")
+    await eventually(lambda: "high" not in state.priority_classes)
+
+    assert len(kube.calls("GET", watch=False)) == lists_before  # all of it through the watches
+    assert metric("webhook_watch_events_total", kind="Namespace", type="MODIFIED") == events_before + 1
+    assert metric("webhook_watch_events_total", kind="Namespace", type="ADDED") == namespace_events + 1
+    # Starting the watches counted as background calls; nothing since.
+    assert metric("webhook_remote_calls_total", target="kubernetes", path="background") == background_before
+
+
+async def test_pods_come_and_go(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:
+    kube.put_object(namespace("churn"))
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    kube.put_object(pod("churn", "nb", gpus=2, phase="Pending"))
+    await eventually(lambda: pod_names(state) == {"churn/nb"})
+    kube.put_object(pod("churn", "nb", gpus=2, phase="Succeeded"))
+    await eventually(lambda: next(iter(state.pods["churn"].values())).finished)
+    kube.delete_object("Pod", "nb", "churn")
+    await eventually(lambda: not state.pods)
+
+
+async def test_dropped_watches_resume_without_a_relist(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    await eventually(lambda: kube.open_watches == 5)
+    lists_before = len(kube.calls("GET", watch=False))
+    errors_before = metric("webhook_watch_restarts_total", kind="Namespace", reason="error")
+    added_before = metric("webhook_watch_events_total", kind="Namespace", type="ADDED")
+    kube.put_object(namespace("before-drop"))
+    await eventually(lambda: "before-drop" in state.namespaces)
+
+    assert kube.drop_watches() == 5
+    kube.put_object(namespace("after-drop"))  # while the watches reconnect: must not be missed
+    kube.put_object(pod(INSTALL_NS, "after-drop"))
+    await eventually(lambda: "after-drop" in state.namespaces and pod_names(state) == {f"{INSTALL_NS}/after-drop"})
+    await eventually(lambda: kube.open_watches == 5)
+    assert metric("webhook_watch_restarts_total", kind="Namespace", reason="error") == errors_before + 1
+    assert len(kube.calls("GET", watch=False)) == lists_before  # resumed from the last resourceVersion
+    # ... the last one seen, not the list's: "before-drop" is not replayed.
+    assert metric("webhook_watch_events_total", kind="Namespace", type="ADDED") == added_before + 2
+
+    closed_before = metric("webhook_watch_restarts_total", kind="Namespace", reason="closed")
+    kube.close_watches()  # a clean end, as at timeoutSeconds
+    kube.put_object(namespace("after-close"))
+    await eventually(lambda: "after-close" in state.namespaces)
+    assert metric("webhook_watch_restarts_total", kind="Namespace", reason="closed") == closed_before + 1
+    assert len(kube.calls("GET", watch=False)) == lists_before
+
+
+@pytest.mark.parametrize("gone_in_stream", [True, False], ids=["error-event", "http-410"])
+async def test_gone_relists_and_leaves_no_stale_entries(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher, gone_in_stream: bool
+) -> None:
+    kube.gone_in_stream = gone_in_stream
+    for name in ("keep", "doomed"):
+        kube.put_object(namespace(name))
+        kube.put_object(pod(name, "p"))
+    kube.put_object(priority_class("doomed", 1))
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    await eventually(lambda: kube.open_watches == 5)
+    assert "doomed" in state.namespaces and "doomed/p" in pod_names(state)
+    gone_before = metric("webhook_watch_restarts_total", kind="Pod", reason="gone")
+    pod_lists = list_calls(kube, "/api/v1/pods")
+
+    # Take the watches down and keep them down while objects change, then forget the history.
+    kube.fail_next(10_000, status=503)
+    kube.drop_watches()
+    kube.delete_object("Pod", "p", "doomed")
+    kube.delete_object("Namespace", "doomed")
+    kube.delete_object("PriorityClass", "doomed")
+    kube.put_object(namespace("born-while-down"))
+    await eventually(lambda: kube.open_watches == 0)
+    kube.compact()
+    kube.clear_faults()
+
+    await eventually(lambda: "doomed" not in state.namespaces and "born-while-down" in state.namespaces)
+    await eventually(lambda: pod_names(state) == {"keep/p"} and "doomed" not in state.priority_classes)
+    assert metric("webhook_watch_restarts_total", kind="Pod", reason="gone") == gone_before + 1
+    assert list_calls(kube, "/api/v1/pods") == pod_lists + 1
+    assert state.ready()
+    # And the new watches carry on from the fresh list.
+    kube.put_object(pod("keep", "q"))
+    await eventually(lambda: pod_names(state) == {"keep/p", "keep/q"})
+
+
+async def test_a_failing_list_is_retried(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:
+    kube.put_object(priority_class("normal", 100))
+    kube.fail_next(2, status=500, path_prefix="/apis/scheduling.k8s.io/v1/priorityclasses")
+    errors_before = metric("webhook_watch_restarts_total", kind="PriorityClass", reason="error")
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    assert "normal" in state.priority_classes
+    assert list_calls(kube, "/apis/scheduling.k8s.io/v1/priorityclasses") == 3
+    assert metric("webhook_watch_restarts_total", kind="PriorityClass", reason="error") == errors_before + 2
+
+
+async def test_readiness_waits_for_a_list_that_keeps_failing(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    kube.fail_next(10_000, status=503, path_prefix="/api/v1/pods")
+    await watcher.start()
+    await eventually(lambda: state.synced.get("Namespace") and state.synced.get("PriorityClass"))
+    assert not await watcher.wait_synced(0.3)
+    assert not state.ready()
+    kube.clear_faults()
+    assert await watcher.wait_synced(5)
+    assert state.ready()
+
+
+async def test_missing_kueue_crd_counts_as_synced_and_is_retried(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    lq_type = kube._resolve("LocalQueue")
+    kube.remove_resource("LocalQueue")
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    assert state.synced["LocalQueue"] and state.local_queues == {}
+    # Kueue gets installed later: the queues show up without a restart.
+    kube.add_resource(lq_type)
+    kube.put_object(namespace("churn"))
+    kube.put_object(local_queue("churn", "default"))
+    await eventually(lambda: state.local_queues.get("churn") == frozenset({"default"}))
+
+
+async def test_stop_closes_every_watch(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    await eventually(lambda: kube.open_watches == 5)
+    await watcher.stop()
+    await eventually(lambda: kube.open_watches == 0)
+    kube.put_object(namespace("after-stop"))
+    assert "after-stop" not in state.namespaces
+
+
+async def test_one_more_resource_is_one_line(kube: KubeEmulator, api: ApiClient) -> None:
+    from functools import partial
+
+    from kubernetes_asyncio.client import CoreV1Api
+
+    seen: dict[str, dict[str, Any]] = {}
+
+    class Recorder:
+        synced: dict[str, bool] = {}
+
+        def apply(self, obj: Any) -> None:
+            seen[obj["metadata"]["name"]] = dict(obj)
+
+        def delete(self, obj: Any) -> None:
+            seen.pop(obj["metadata"]["name"], None)
+
+        def replace_all(self, kind: str, objects: list[Any]) -> None:
+            seen.clear()
+            for obj in objects:
+                self.apply(obj)
+
+    core = CoreV1Api(api)
+    extra = ResourceWatch(
+        "ConfigMap",
+        partial(core.list_namespaced_config_map, INSTALL_NS),
+        name="ConfigMap/owned",
+        label_selector="app=x",
+    )
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": INSTALL_NS, "labels": {"app": "x"}}}
+    kube.put_object({**cm, "metadata": {**cm["metadata"], "name": "a"}})
+    kube.put_object({**cm, "metadata": {"name": "b", "namespace": INSTALL_NS}})
+    async with KubeWatcher(Recorder(), api, INSTALL_NS, watches=[extra]) as w:
+        assert await w.wait_synced(5)
+        assert set(seen) == {"a"} and seen["a"]["kind"] == "ConfigMap"
+        kube.put_object({**cm, "metadata": {**cm["metadata"], "name": "c"}})
+        await eventually(lambda: set(seen) == {"a", "c"})
+    assert [w.name for w in default_watches(api, INSTALL_NS, pods=False, local_queues=False)] == [
+        "Namespace",
+        "PriorityClass",
+        "ConfigMap",
+    ]

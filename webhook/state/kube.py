@@ -1,0 +1,406 @@
+"""Watch-fed caches: for each kind admission reads, list, then watch from the list's resourceVersion.
+
+Each `ResourceWatch` runs one informer-like loop: a paginated list replaces the kind in the store in
+one synchronous step (no reader ever sees it half-filled), marks it synced for /readyz, then a watch
+applies events. `410 Gone` (as an HTTP status or as an ERROR event inside the stream) means the
+history we would resume from is gone: re-list. Other failures back off with jitter and resume from
+the last resourceVersion seen, so a dropped connection costs no re-list. A clean end of the stream
+(the server's timeoutSeconds) resumes at once.
+
+Responses are read as raw JSON (`_preload_content=False`): no model round-trip, unknown fields kept,
+and the store gets plain dicts with `kind` set, exactly what the folder-backed feeder gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, SchedulingV1Api
+
+from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RESTARTS
+from webhook.settings import SETTINGS_CONFIGMAP
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+# A kubernetes_asyncio `list_*` method (namespace and the like already bound with functools.partial).
+# It is called with keyword arguments only and `_preload_content=False`, so it returns the raw response.
+ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
+
+KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES = "kueue.x-k8s.io", "v1beta1", "localqueues"
+
+
+class Sink(Protocol):
+    """Where a watch delivers objects; `ClusterState` is one."""
+
+    synced: dict[str, bool]
+
+    def apply(self, obj: Mapping[str, Any]) -> None: ...
+
+    def delete(self, obj: Mapping[str, Any]) -> None: ...
+
+    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None: ...
+
+
+class KubeApiError(Exception):
+    """The Kubernetes API answered with an error status (outside the cases the loop handles itself)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class _Gone(Exception):
+    """The resourceVersion we asked for is older than the server's history: re-list."""
+
+
+class _Absent(Exception):
+    """An optional resource is not served (its CRD is not installed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTiming:
+    page_size: int = 500
+    # Server-side watch timeout; each watch picks a random value in [t, 2t) so replicas spread out.
+    watch_timeout_s: float = 300.0
+    request_timeout_s: float = 60.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    # How often an optional resource that is not served (a missing CRD) is listed again.
+    absent_retry_s: float = 60.0
+    # A watch that ends cleanly sooner than this without events counts as a failure (no hot loop).
+    min_watch_s: float = 1.0
+
+
+@dataclass(eq=False)
+class ResourceWatch:
+    """One list-then-watch loop. Add a resource with one line, e.g.
+    `ResourceWatch("ConfigMap", partial(core.list_namespaced_config_map, ns), name="ConfigMap/x",
+    label_selector="app=x")`."""
+
+    kind: str  # set on every object handed to the sink (list items of built-ins come without it)
+    list_fn: ListFn
+    name: str = ""  # key in `sink.synced` and the metrics' kind label; defaults to `kind`
+    field_selector: str | None = None
+    label_selector: str | None = None
+    optional: bool = False  # a 404 (CRD absent) counts as synced and empty, and is retried slowly
+    slim: Callable[[Obj], Obj] | None = None  # drop what the store does not need (memory, at 100k pods)
+    timing: WatchTiming = field(default_factory=WatchTiming)
+    resource_version: str | None = field(default=None, init=False)  # last seen; None: list next
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = self.kind
+
+    # -- the loop ----------------------------------------------------------------------------------
+    async def run(self, sink: Sink) -> None:
+        """Run until cancelled; never raises otherwise."""
+        failures = 0
+        while True:
+            try:
+                if self.resource_version is None:
+                    await self._list(sink)
+                    failures = 0
+                started = time.monotonic()
+                events = await self._watch(sink)
+                WATCH_RESTARTS.labels(self.name, "closed").inc()
+                if events or time.monotonic() - started >= self.timing.min_watch_s:
+                    failures = 0
+                    continue
+                failures += 1
+                await asyncio.sleep(self._backoff(failures))
+            except _Gone:
+                WATCH_RESTARTS.labels(self.name, "gone").inc()
+                log.info("%s: resourceVersion %s is gone, listing again", self.name, self.resource_version)
+                self.resource_version = None
+                failures += 1
+                if failures > 1:  # a second 410 in a row: do not hammer the server
+                    await asyncio.sleep(self._backoff(failures))
+            except _Absent:
+                WATCH_RESTARTS.labels(self.name, "absent").inc()
+                log.info("%s: not served (CRD not installed?); retrying in %ss", self.name, self.timing.absent_retry_s)
+                sink.replace_all(self.kind, [])
+                sink.synced[self.name] = True
+                CACHE_OBJECTS.labels(self.name).set(0)
+                self.resource_version = None
+                failures = 0
+                await asyncio.sleep(self.timing.absent_retry_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Network errors, 5xx, 401/403, malformed streams: back off, resume from the last version.
+                WATCH_RESTARTS.labels(self.name, "error").inc()
+                failures += 1
+                delay = self._backoff(failures)
+                log.warning("%s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+
+    def _backoff(self, failures: int) -> float:
+        ceiling = min(self.timing.backoff_max_s, self.timing.backoff_initial_s * 2 ** max(0, failures - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def _prepare(self, obj: Obj) -> Obj:
+        if self.slim is not None:
+            obj = self.slim(obj)
+        if "kind" not in obj:
+            obj["kind"] = self.kind
+        return obj
+
+    def _selectors(self) -> dict[str, str]:
+        selectors = {}
+        if self.field_selector:
+            selectors["field_selector"] = self.field_selector
+        if self.label_selector:
+            selectors["label_selector"] = self.label_selector
+        return selectors
+
+    async def _list(self, sink: Sink) -> None:
+        items: list[Obj] = []
+        cont: str | None = None
+        rv = ""
+        while True:
+            kwargs: dict[str, Any] = {**self._selectors(), "limit": self.timing.page_size}
+            if cont:
+                kwargs["_continue"] = cont
+            REMOTE_CALLS.labels("kubernetes", "background").inc()
+            response = await self.list_fn(
+                **kwargs, _preload_content=False, _request_timeout=self.timing.request_timeout_s
+            )
+            try:
+                if response.status != 200:
+                    raise await self._error(response)
+                body = await response.json(loads=json.loads, content_type=None)
+            finally:
+                response.release()
+            items.extend(self._prepare(item) for item in body.get("items") or ())
+            meta = body.get("metadata") or {}
+            rv = meta.get("resourceVersion") or rv
+            cont = meta.get("continue")
+            if not cont:
+                break
+        sink.replace_all(self.kind, items)  # one synchronous step: readers see old or new, never a mix
+        sink.synced[self.name] = True
+        CACHE_OBJECTS.labels(self.name).set(len(items))
+        self.resource_version = rv
+        log.info("%s: listed %d at resourceVersion %s", self.name, len(items), rv)
+
+    async def _watch(self, sink: Sink) -> int:
+        """Apply events until the stream ends cleanly; returns how many. Raises on anything else."""
+        timeout = random.uniform(self.timing.watch_timeout_s, 2 * self.timing.watch_timeout_s)
+        REMOTE_CALLS.labels("kubernetes", "background").inc()
+        response = await self.list_fn(
+            **self._selectors(),
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=int(timeout),
+            _preload_content=False,
+            # No total timeout: the server ends the stream; a silent connection is caught by sock_read.
+            _request_timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timing.request_timeout_s, sock_read=timeout + 30
+            ),
+        )
+        count = 0
+        try:
+            if response.status != 200:
+                raise await self._error(response)
+            gauge = CACHE_OBJECTS.labels(self.name)
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:
+                        raise _Gone()
+                    raise KubeApiError(int(code or 500), str(obj.get("message") or obj))
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                WATCH_EVENTS.labels(self.name, etype or "").inc()
+                count += 1
+                if etype in ("ADDED", "MODIFIED", "DELETED"):
+                    self._deliver(sink, etype, self._prepare(obj))
+                    if etype == "ADDED":
+                        gauge.inc()
+                    elif etype == "DELETED":
+                        gauge.dec()
+                elif etype != "BOOKMARK":
+                    log.warning("%s: unknown watch event type %r", self.name, etype)
+                if rv:
+                    self.resource_version = rv
+        finally:
+            response.close()
+        return count
+
+    def _deliver(self, sink: Sink, etype: str, obj: Obj) -> None:
+        try:
+            if etype == "DELETED":
+                sink.delete(obj)
+            else:
+                sink.apply(obj)
+        except Exception:
+            # One object the store cannot take must not wedge the watch (it would replay it forever).
+            meta = obj.get("metadata") or {}
+            log.exception("%s: cannot apply %s %s/%s", self.name, etype, meta.get("namespace"), meta.get("name"))
+
+    async def _error(self, response: aiohttp.ClientResponse) -> Exception:
+        text = await response.text(errors="replace")
+        if response.status == 410:
+            return _Gone()
+        if response.status == 404 and self.optional:
+            return _Absent()
+        try:
+            message = json.loads(text).get("message") or text
+        except (ValueError, AttributeError):
+            message = text
+        return KubeApiError(response.status, str(message)[:300])
+
+
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim_pod(pod: Obj) -> Obj:
+    """What the pod cache and its listeners need: identity, labels and annotations, GPU resources,
+    scheduling fields and phase. managedFields and the rest of the spec can be kilobytes per pod."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    slim_meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if annotations and _LAST_APPLIED in annotations:
+        slim_meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
+
+    def containers(key: str) -> list[Obj]:
+        return [
+            {"name": c.get("name"), "resources": c.get("resources") or {}}
+            for c in spec.get(key) or ()
+            if isinstance(c, Mapping)
+        ]
+
+    slim_spec: Obj = {"containers": containers("containers")}
+    if spec.get("initContainers"):
+        slim_spec["initContainers"] = containers("initContainers")
+    for key in ("nodeName", "priorityClassName", "priority", "preemptionPolicy", "schedulerName"):
+        if key in spec:
+            slim_spec[key] = spec[key]
+    out: Obj = {"metadata": slim_meta, "spec": slim_spec, "status": {"phase": (pod.get("status") or {}).get("phase")}}
+    if "kind" in pod:
+        out["kind"] = pod["kind"]
+    if "apiVersion" in pod:
+        out["apiVersion"] = pod["apiVersion"]
+    return out
+
+
+def default_watches(
+    api: ApiClient,
+    namespace: str,
+    *,
+    pods: bool = True,
+    local_queues: bool = True,
+    timing: WatchTiming | None = None,
+) -> list[ResourceWatch]:
+    """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, LocalQueues, pods."""
+    timing = timing or WatchTiming()
+    core = CoreV1Api(api)
+    watches = [
+        ResourceWatch("Namespace", core.list_namespace, timing=timing),
+        ResourceWatch("PriorityClass", SchedulingV1Api(api).list_priority_class, timing=timing),
+        ResourceWatch(
+            "ConfigMap",
+            partial(core.list_namespaced_config_map, namespace),
+            field_selector=f"metadata.name={SETTINGS_CONFIGMAP}",
+            timing=timing,
+        ),
+    ]
+    if local_queues:
+        custom = CustomObjectsApi(api)
+        watches.append(
+            ResourceWatch(
+                "LocalQueue",
+                partial(custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES),
+                optional=True,
+                timing=timing,
+            )
+        )
+    if pods:
+        watches.append(ResourceWatch("Pod", core.list_pod_for_all_namespaces, slim=slim_pod, timing=timing))
+    return watches
+
+
+class KubeWatcher:
+    """Runs the watches that feed a `ClusterState` (or any `Sink`) until stopped.
+
+    `async with KubeWatcher(state, api, "hopsworks"):` or `await w.start()` / `await w.stop()`.
+    """
+
+    def __init__(
+        self,
+        state: Sink,
+        api: ApiClient,
+        namespace: str,
+        *,
+        pods: bool = True,
+        local_queues: bool = True,
+        timing: WatchTiming | None = None,
+        watches: Iterable[ResourceWatch] | None = None,
+    ) -> None:
+        self.state = state
+        self.api = api
+        self.namespace = namespace
+        self.watches: list[ResourceWatch] = (
+            list(watches)
+            if watches is not None
+            else default_watches(api, namespace, pods=pods, local_queues=local_queues, timing=timing)
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, watch: ResourceWatch) -> None:
+        """Add a watch (before `start`)."""
+        if self._tasks:
+            raise RuntimeError("add watches before start()")
+        self.watches.append(watch)
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        for watch in self.watches:
+            # Registered before the first list so /readyz waits for every kind, not only the fast ones.
+            self.state.synced.setdefault(watch.name, False)
+        self._tasks = [asyncio.create_task(watch.run(self.state), name=f"watch-{watch.name}") for watch in self.watches]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def synced(self) -> bool:
+        return all(self.state.synced.get(w.name) for w in self.watches)
+
+    async def wait_synced(self, within_s: float | None = None) -> bool:
+        """True once every watch has listed; False if that takes longer than `within_s`."""
+        deadline = None if within_s is None else time.monotonic() + within_s
+        while not self.synced():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def __aenter__(self) -> KubeWatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
