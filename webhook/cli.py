@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--hostname", action="append", default=[], help="extra DNS name (repeatable)")
     certs.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
     certs.add_argument("--days", type=int, default=365)
+    certs.add_argument("--new-ca", action="store_true", help="make a new CA even when one exists")
 
     manifests = sub.add_parser("manifests", help="render manifests/ with a values file")
     manifests.add_argument("--values", default=None)
