@@ -332,12 +332,18 @@ async def test_project_usage_per_node_pool(runai: RunaiStandin, client: RunaiCli
 
 async def test_delete_204(runai: RunaiStandin, client: RunaiClient) -> None:
     project = runai.add_project("p", namespace="p")
-    await client.delete_project(project["id"])
+    assert await client.delete_project(project["id"]) is True
     assert runai.calls("DELETE")[0].status == 204
     assert not runai.projects
-    with pytest.raises(RunaiNotFound):
-        await client.delete_project(project["id"])
-    await client.delete_project(project["id"], missing_ok=True)
+    assert await client.delete_project(project["id"]) is False  # already gone: not an error
+
+
+async def test_delete_whose_answer_was_lost_is_done(runai: RunaiStandin, client: RunaiClient) -> None:
+    project = runai.add_project("p", namespace="p")
+    runai.lose_next_answer(1, method="DELETE")
+    await client.delete_project(project["id"])  # resent on a fresh connection, finds nothing: fine
+    assert [r.status for r in runai.calls("DELETE")] == [None, 404]
+    assert not runai.projects
 
 
 async def test_delete_202_finishes_later(secret_dir: Path) -> None:

@@ -351,17 +351,20 @@ class RunaiClient:
             raise
         return Project.from_api(_as_dict(reply.body))
 
-    async def delete_project(
-        self, project_id: str, *, missing_ok: bool = False, call_path: CallPath = "background"
-    ) -> None:
-        """Delete a project (202: Run:ai finishes asynchronously; 204: gone)."""
+    async def delete_project(self, project_id: str, *, call_path: CallPath = "background") -> bool:
+        """Delete a project: True when this call deleted it (202: Run:ai finishes asynchronously;
+        204: gone), False when it was already gone (404).
+
+        Deleting is idempotent, so a 404 is not an error: after a lost answer the resend (ours, or
+        aiohttp's own resend of an idempotent request on a stale pooled connection) finds nothing.
+        """
         try:
             await self._call(
                 "DELETE", f"/api/v1/org-unit/projects/{_seg(project_id)}", call_path=call_path, expect=(202, 204, 200)
             )
         except RunaiNotFound:
-            if not missing_ok:
-                raise
+            return False
+        return True
 
     # ---- node pools and metrics -----------------------------------------------------------
 
@@ -585,7 +588,7 @@ class RunaiClient:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
         RUNAI_REACHABLE.set(0 if status >= 500 else 1)
         body = _decode(raw)
-        if status in _RETRY_STATUSES and method in ("GET", "DELETE", "POST"):
+        if status in _RETRY_STATUSES:
             raise _Transient(f"HTTP {status}{_server_message(body)}", status=status, retry_after=retry_after)
         return status, body
 
