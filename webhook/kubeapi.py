@@ -54,7 +54,13 @@ async def _raw(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
     except ApiException as exc:
         raise _error(exc) from None
     async with response:
-        return json.loads(await response.read())
+        raw = await response.read()
+        # With _preload_content=False the client hands back error statuses instead of raising.
+        if not 200 <= response.status <= 299:
+            failed = ApiException(status=response.status, reason=response.reason)
+            failed.body = raw.decode("utf-8", "replace")
+            raise _error(failed)
+        return json.loads(raw)
 
 
 def now_rfc3339() -> str:
