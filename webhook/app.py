@@ -194,6 +194,7 @@ class ServeOptions:
     port: int = 8443
     certs: Path = Path("certs")
     state_dir: Path | None = None
+    kubeconfig: Path | None = None
     namespace: str = "hopsworks"
     client_ca: Path | None = None
     runai_secret_dir: Path | None = None
@@ -210,6 +211,7 @@ class ServeOptions:
             port=args.port,
             certs=Path(args.certs),
             state_dir=Path(args.state) if args.state else None,
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
             client_ca=Path(args.client_ca) if args.client_ca else None,
             runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,

@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the admission server")
     serve.add_argument("--state", help="a folder of Kubernetes YAML to use instead of an API server")
+    serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     serve.add_argument("--certs", default="certs", help="folder with tls.crt, tls.key (and ca.crt)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8443)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -18,13 +19,17 @@ from webhook.state.store import ClusterState
 log = logging.getLogger(__name__)
 
 
-async def kube_api_client() -> ApiClient:
-    """In a pod: the ServiceAccount; elsewhere: the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return ApiClient()
+def _kubeconfig_path(kubeconfig: Path | None) -> str:
+    return str(kubeconfig) if kubeconfig else os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
+
+
+async def kube_api_client(kubeconfig: Path | None = None) -> ApiClient:
+    """A given kubeconfig; else in a pod the ServiceAccount; else $KUBECONFIG or ~/.kube/config."""
     configuration = Configuration()
-    await config.load_kube_config(client_configuration=configuration)
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=_kubeconfig_path(kubeconfig), client_configuration=configuration)
     return ApiClient(configuration)
 
 
@@ -72,7 +77,7 @@ class Runtime:
             return
         from webhook.state.kube import KubeWatcher
 
-        self.api_client = await kube_api_client()
+        self.api_client = await kube_api_client(self.options.kubeconfig)
         watcher = KubeWatcher(self.state, self.api_client, self.options.namespace)
         await watcher.start()
         self._stoppers.append(watcher)
