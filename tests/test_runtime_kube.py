@@ -1,0 +1,135 @@
+"""`serve` with no state folder: the real Runtime reads the cluster from the Kubernetes API.
+
+The apiserver is the stateful emulator reached through a kubeconfig; the test plays the apiserver's
+webhook client over HTTPS (CA + service name, keep-alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.https import LOOPBACK, SERVICE_HOST, StaticResolver, client_ssl_context, make_cert_files
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
+from webhook.app import ServeOptions, StartupError
+from webhook.runtime import Runtime
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def write_kubeconfig(path: Path, url: str, token: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emu", "cluster": {"server": url}}],
+                "users": [{"name": "webhook", "user": {"token": token}}],
+                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "webhook"}}],
+                "current-context": "emu",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator(token="webhook-token") as emu:
+        for obj in (
+            namespace("hopsworks", project=False),
+            namespace("churn"),
+            namespace("bound", labels={"runai/queue": "bound"}),
+            priority_class("low", 1000, "Never"),
+            priority_class("normal", 10000),
+            priority_class("high", 100000),
+            settings_configmap(),
+        ):
+            emu.create_object(obj)
+        yield emu
+
+
+async def start_runtime(tmp_path: Path, emu: KubeEmulator) -> tuple[Runtime, ServeOptions, Any]:
+    certs = make_cert_files(tmp_path / "certs")
+    options = ServeOptions(
+        host=LOOPBACK,
+        port=free_port(),
+        certs=certs.dir,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, "webhook-token"),
+        namespace="hopsworks",
+        drain_seconds=0.0,
+    )
+    runtime = Runtime(options)
+    await runtime.start()
+    return runtime, options, certs
+
+
+async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
+    tmp_path: Path, emulator: KubeEmulator
+) -> None:
+    runtime, options, certs = await start_runtime(tmp_path, emulator)
+    connector = aiohttp.TCPConnector(
+        ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
+    )
+    base = f"https://{SERVICE_HOST}:{options.port}"
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 200, await resp.text()
+
+            async def mutate(ns: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                data = pod_review(ns)
+                async with session.post(f"{base}/mutate/pods", json=data) as resp:
+                    answer = await resp.json()
+                response = answer["response"]
+                patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+                return data, patch
+
+            data, patch = await mutate("churn")
+            patched = apply_patch(data["request"]["object"], patch)
+            assert patched["spec"]["priorityClassName"] == "normal"
+            assert_valid_pod(patched)
+
+            # A settings change in the API reaches the next request through the watch.
+            emulator.put_object(settings_configmap(run_ai_enable=True))
+            label_op = {"op": "add", "path": "/metadata/labels/runai~1queue", "value": "bound"}
+
+            latest: list[list[dict[str, Any]]] = [[]]
+
+            async def poll() -> None:
+                for _ in range(200):
+                    latest[0] = (await mutate("bound"))[1]
+                    if label_op in latest[0]:
+                        return
+                    await asyncio.sleep(0.02)
+
+            await poll()
+            assert label_op in latest[0]
+            # The request path made no call to the API.
+            async with session.get(f"{base}/metrics") as resp:
+                metrics = await resp.text()
+            assert 'webhook_remote_calls_total{path="request",target="kubernetes"}' not in metrics
+    finally:
+        await runtime.shutdown()
+
+
+async def test_serve_refuses_to_start_with_kueue_and_runai_both_on(tmp_path: Path, emulator: KubeEmulator) -> None:
+    emulator.put_object(settings_configmap(run_ai_enable=True, kueue_installed=True))
+    with pytest.raises(StartupError, match="cannot both be true"):
+        runtime, _, _ = await start_runtime(tmp_path, emulator)
+        await runtime.shutdown()
