@@ -26,12 +26,12 @@ run: $(STAMP) certs/tls.crt
 	$(BIN)/scheduling-webhook serve --state $(STATE) --certs certs --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
-	$(BIN)/ruff check webhook tests bench
-	$(BIN)/ruff format --check webhook tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # pytest exits 5 when it collected nothing: that must fail, never pass silently.
 test: $(STAMP)
-	$(BIN)/ruff check webhook tests bench
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest ran no tests"; exit 1; fi; exit $$rc
 
