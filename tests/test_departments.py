@@ -7,6 +7,7 @@ fails a test that caused a violation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -116,8 +117,9 @@ class Env:
         return [e for e in self.kube.objects("Event") if e.get("reason") == reason]
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
+@contextlib.asynccontextmanager
+async def environment(tmp_path: Path) -> AsyncIterator[Env]:
+    """The emulator, the stand-in (departments default, ml, research) and clients over HTTP."""
     secret_dir = tmp_path / "runai-secret"
     secret_dir.mkdir()
     (secret_dir / "clientSecret").write_text(SECRET)
@@ -135,6 +137,12 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
             await client.close()
             await api.close()
         assert not runai.violations, "\n\n".join(str(v) for v in runai.violations)
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async with environment(tmp_path) as e:
+        yield e
 
 
 # -- nothing to do in Run:ai --------------------------------------------------------------------

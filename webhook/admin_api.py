@@ -1,0 +1,187 @@
+"""Admin actions over HTTPS: move a project to another department, delete a department (DESIGN R5).
+
+    POST   /api/v1/admin/projects/{namespace}/move   {"department": "<name>" | null}
+    DELETE /api/v1/admin/departments/{name}
+
+Every request needs a bearer token that the `authorize` callable accepts as an administrator.
+Answers are JSON. Errors: 400 bad department name or body, 401 no/invalid token, 403 not an
+admin, 404 unknown namespace, 409 busy (pods running or waiting, a move in progress, a move
+rolled back because Run:ai refused the create), 503 Run:ai or the Kubernetes API unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from webhook.kubeapi import KubeError
+from webhook.runai.client import RunaiError
+from webhook.runai.departments import DepartmentDeleteResult, MoveError, MoveResult, ProjectBusy
+
+log = logging.getLogger(__name__)
+
+MOVE_PATH = "/api/v1/admin/projects/{namespace}/move"
+DELETE_DEPARTMENT_PATH = "/api/v1/admin/departments/{name}"
+
+
+class Authorize(Protocol):
+    """Checks the request's bearer token; returns the caller's identity (a username or an object with
+    `.username`), or raises: an exception with `status` 401 or 403 (aiohttp's HTTPUnauthorized /
+    HTTPForbidden qualify), or AdminAuthError."""
+
+    def __call__(self, request: web.Request) -> Awaitable[Any]: ...
+
+
+class AdminAuthError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Mover(Protocol):
+    """What the routes need of `DepartmentMover`."""
+
+    async def move_project(self, namespace: str, department: str | None, *, requested_by: str = "") -> MoveResult: ...
+
+    async def delete_department(self, name: str, *, requested_by: str = "") -> DepartmentDeleteResult: ...
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="scheduling-webhook"'} if status == 401 else None
+    return web.json_response({"error": message, "code": code, **extra}, status=status, headers=headers)
+
+
+def _identity_name(identity: Any) -> str:
+    if isinstance(identity, str):
+        return identity
+    for attr in ("username", "name"):
+        value = getattr(identity, attr, None)
+        if isinstance(value, str):
+            return value
+    if isinstance(identity, dict) and isinstance(identity.get("username"), str):
+        return identity["username"]
+    return str(identity)
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class AdminChecker(Protocol):
+    """`webhook.auth.KubeAuthorizer` has this shape: token -> principal, or raises (status 401/403/503)."""
+
+    def authorize_admin(self, token: str | None) -> Awaitable[Any]: ...
+
+
+def authorize_with(checker: AdminChecker) -> Authorize:
+    """An `Authorize` from an object checking bearer tokens, e.g. a KubeAuthorizer whose admin check
+    is a write (`AccessCheck("update", "namespaces")`): a move rewrites namespaces and Run:ai projects."""
+
+    async def authorize(request: web.Request) -> Any:
+        return await checker.authorize_admin(bearer_token(request))
+
+    return authorize
+
+
+def _auth_message(exc: Exception) -> str:
+    if isinstance(exc, web.HTTPException):
+        return exc.text or exc.reason
+    for attr in ("reason", "message"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return str(exc)
+
+
+async def _authorize(request: web.Request, authorize: Authorize) -> str | web.Response:
+    if bearer_token(request) is None:
+        return _error(401, "Unauthorized", "a bearer token is required: send 'Authorization: Bearer <token>'")
+    try:
+        return _identity_name(await authorize(request))
+    except Exception as exc:
+        status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+        message = _auth_message(exc)
+        if status in (401, 403):
+            return _error(status, "Unauthorized" if status == 401 else "Forbidden", message)
+        if status == 503 or isinstance(exc, KubeError | OSError | TimeoutError):
+            log.warning("admin API: cannot check the caller: %s", exc)
+            return _error(503, "Unavailable", f"cannot check the caller's token now: {message}")
+        raise
+
+
+def _move_error(exc: MoveError) -> web.Response:
+    extra: dict[str, Any] = {}
+    if exc.namespace:
+        extra["namespace"] = exc.namespace
+    if isinstance(exc, ProjectBusy):
+        extra["pods"] = exc.pods
+    if exc.result is not None:
+        extra["result"] = exc.result.to_json()
+        extra["reminder"] = exc.result.reminder
+    return _error(exc.status, exc.code, exc.message, **extra)
+
+
+async def _run_to_completion(work: Awaitable[Any]) -> Any:
+    # A client that hangs up must not cancel a move half-way: the move runs to its end regardless.
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return await asyncio.shield(task)
+
+
+def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
+    """Routes for `create_app(routes=...)`."""
+
+    async def guarded(request: web.Request, action: Callable[[str], Awaitable[web.Response]]) -> web.Response:
+        who = await _authorize(request, authorize)
+        if isinstance(who, web.Response):
+            return who
+        try:
+            return await action(who)
+        except MoveError as exc:
+            return _move_error(exc)
+        except (RunaiError, KubeError) as exc:
+            # Wrapped by the mover wherever it matters; anything left is still a dependency failing.
+            return _error(503, "Unavailable", str(exc))
+
+    async def move(request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+
+        async def act(who: str) -> web.Response:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error(400, "BadRequest", 'the body must be JSON: {"department": "<name>"}')
+            if not isinstance(body, dict) or "department" not in body:
+                return _error(400, "BadRequest", 'the body must be a JSON object: {"department": "<name>"}')
+            department = body["department"]
+            if department is not None and not isinstance(department, str):
+                return _error(400, "InvalidDepartment", "department must be a string (or null for the default)")
+            log.info("admin %s moves %s to department %s", who, namespace, department)
+            result: MoveResult = await _run_to_completion(
+                mover.move_project(namespace, department or None, requested_by=who)
+            )
+            return web.json_response(result.to_json())
+
+        return await guarded(request, act)
+
+    async def delete_department(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+
+        async def act(who: str) -> web.Response:
+            log.info("admin %s deletes department %s", who, name)
+            result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
+            return web.json_response(result.to_json(), status=result.status)
+
+        return await guarded(request, act)
+
+    return [
+        web.post(MOVE_PATH, move),
+        web.delete(DELETE_DEPARTMENT_PATH, delete_department),
+    ]
