@@ -1,0 +1,268 @@
+"""Who may read the GPU API: Kubernetes bearer tokens, checked as the apiserver would check them.
+
+A caller sends `Authorization: Bearer <token>`. A TokenReview says who the token belongs to; a
+SubjectAccessReview says whether that user may do what stands for "reads this project" (default:
+`get pods` in the project namespace — every built-in role a project member gets, view/edit/admin,
+grants it, and the GPU view is a summary of those very pods plus the project's quota) or "reads
+the admin view" (default: `list namespaces` cluster-wide — the admin view lists every project
+namespace — or membership of a configured group, for platform admins who are no cluster admins).
+
+Answers are cached briefly (bounded LRU, keyed by a hash of the token, never the token itself),
+so a UI polling the view does not put a TokenReview and a SubjectAccessReview on the apiserver
+per request. A revoked token or a removed RoleBinding takes effect within the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiohttp
+
+from webhook.kubeapi import KubeError
+
+V = TypeVar("V")
+
+
+class AuthError(Exception):
+    """The request is refused; `status` is the HTTP status, `code` a stable machine-readable reason."""
+
+    status = 500
+    code = "AuthError"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Unauthenticated(AuthError):
+    status = 401
+    code = "Unauthenticated"
+
+
+class Forbidden(AuthError):
+    status = 403
+    code = "Forbidden"
+
+
+class AuthUnavailable(AuthError):
+    """The apiserver could not answer the review: neither yes nor no."""
+
+    status = 503
+    code = "AuthUnavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def as_sar_user(self) -> dict[str, Any]:
+        return {
+            "username": self.username,
+            "uid": self.uid,
+            "groups": list(self.groups),
+            "extra": {k: list(v) for k, v in self.extra.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AccessCheck:
+    """SubjectAccessReview resource attributes (the namespace is added per request)."""
+
+    verb: str
+    resource: str
+    group: str = ""
+    subresource: str = ""
+
+    def attributes(self, namespace: str | None) -> dict[str, str]:
+        attrs = {"verb": self.verb, "resource": self.resource, "group": self.group}
+        if self.subresource:
+            attrs["subresource"] = self.subresource
+        if namespace is not None:
+            attrs["namespace"] = namespace
+        return attrs
+
+    def describe(self, namespace: str | None) -> str:
+        what = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        if self.group:
+            what = f"{what}.{self.group}"
+        return f"{self.verb} {what}" + (f" in namespace {namespace}" if namespace else " cluster-wide")
+
+
+PROJECT_READER = AccessCheck("get", "pods")
+ADMIN = AccessCheck("list", "namespaces")
+
+
+class ReviewApi(Protocol):
+    """What of `webhook.kubeapi.KubeApi` this module uses (raw JSON dicts)."""
+
+    async def token_review(self, token: str) -> dict[str, Any]: ...
+
+    async def subject_access_review(self, user: Mapping[str, Any], attributes: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class Authorizer(Protocol):
+    """What the GPU API routes need; raise AuthError subclasses to refuse."""
+
+    async def authorize_project(self, token: str | None, namespace: str) -> Principal: ...
+
+    async def authorize_admin(self, token: str | None) -> Principal: ...
+
+
+class TtlLru(Generic[V]):
+    """A small TTL cache with a size bound (least recently used entries go first)."""
+
+    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+        self._items: OrderedDict[Any, tuple[float, V]] = OrderedDict()
+        self.max_entries = max_entries
+        self._clock = clock
+
+    def get(self, key: Any) -> V | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[0] <= self._clock():
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return item[1]
+
+    def put(self, key: Any, value: V, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        self._items[key] = (self._clock() + ttl, value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_UNAVAILABLE_ERRORS = (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+class KubeAuthorizer:
+    """TokenReview + SubjectAccessReview with a short cache. `kube` is usually a `KubeApi`."""
+
+    def __init__(
+        self,
+        kube: ReviewApi,
+        *,
+        project_check: AccessCheck = PROJECT_READER,
+        admin_check: AccessCheck | None = ADMIN,
+        admin_groups: Iterable[str] = (),
+        ttl_s: float = 30.0,
+        negative_ttl_s: float = 5.0,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.project_check = project_check
+        self.admin_check = admin_check  # None: only `admin_groups` make an admin
+        self.admin_groups = frozenset(admin_groups)
+        self.ttl_s = ttl_s
+        # Refusals are cached for less time: a RoleBinding just added should work soon.
+        self.negative_ttl_s = min(negative_ttl_s, ttl_s)
+        self._tokens: TtlLru[Principal | str] = TtlLru(max_entries, clock)
+        self._access: TtlLru[tuple[bool, str]] = TtlLru(max_entries, clock)
+
+    async def authenticate(self, token: str | None) -> Principal:
+        if not token:
+            raise Unauthenticated("missing bearer token: send 'Authorization: Bearer <Kubernetes token>'")
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._tokens.get(key)
+        if cached is None:
+            cached = await self._review_token(token)
+            self._tokens.put(key, cached, self.ttl_s if isinstance(cached, Principal) else self.negative_ttl_s)
+        if isinstance(cached, str):
+            raise Unauthenticated(cached)
+        return cached
+
+    async def authorize_project(self, token: str | None, namespace: str) -> Principal:
+        principal = await self.authenticate(token)
+        allowed, reason = await self._allowed(principal, self.project_check, namespace)
+        if not allowed:
+            raise Forbidden(
+                f"user {principal.username!r} may not read the GPU view of project {namespace}: "
+                f"it needs {self.project_check.describe(namespace)}{_because(reason)}"
+            )
+        return principal
+
+    async def authorize_admin(self, token: str | None) -> Principal:
+        principal = await self.authenticate(token)
+        if self.admin_groups.intersection(principal.groups):
+            return principal
+        reason = ""
+        if self.admin_check is not None:
+            allowed, reason = await self._allowed(principal, self.admin_check, None)
+            if allowed:
+                return principal
+        needs = [self.admin_check.describe(None)] if self.admin_check else []
+        needs += [f"membership of group {g}" for g in sorted(self.admin_groups)]
+        raise Forbidden(
+            f"user {principal.username!r} may not read the Run:ai admin view: it needs "
+            f"{' or '.join(needs) or 'an administrator'}{_because(reason)}"
+        )
+
+    async def _review_token(self, token: str) -> Principal | str:
+        try:
+            review = await self.kube.token_review(token)
+        except _UNAVAILABLE_ERRORS as exc:
+            raise AuthUnavailable(f"cannot check the bearer token: Kubernetes API unavailable ({exc})") from None
+        status = review.get("status") or {}
+        user = status.get("user") or {}
+        if not status.get("authenticated") or not user.get("username"):
+            return f"invalid bearer token{_because(status.get('error') or '')}"
+        extra = user.get("extra") or {}
+        return Principal(
+            username=str(user["username"]),
+            uid=str(user.get("uid") or ""),
+            groups=tuple(str(g) for g in user.get("groups") or ()),
+            extra={str(k): tuple(str(x) for x in v or ()) for k, v in extra.items()},
+        )
+
+    async def _allowed(self, principal: Principal, check: AccessCheck, namespace: str | None) -> tuple[bool, str]:
+        attributes = check.attributes(namespace)
+        key = (
+            principal.username,
+            principal.uid,
+            principal.groups,
+            json.dumps(principal.extra, sort_keys=True),
+            tuple(sorted(attributes.items())),
+        )
+        cached = self._access.get(key)
+        if cached is not None:
+            return cached
+        try:
+            review = await self.kube.subject_access_review(principal.as_sar_user(), attributes)
+        except _UNAVAILABLE_ERRORS as exc:
+            raise AuthUnavailable(f"cannot check access: Kubernetes API unavailable ({exc})") from None
+        status = review.get("status") or {}
+        # `denied` wins over `allowed`, as in the apiserver's authorizer chain.
+        allowed = bool(status.get("allowed")) and not status.get("denied")
+        result = (allowed, str(status.get("reason") or status.get("evaluationError") or ""))
+        self._access.put(key, result, self.ttl_s if allowed else self.negative_ttl_s)
+        return result
+
+
+def _because(reason: str) -> str:
+    return f" ({reason})" if reason else ""
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (scheme case-insensitive), else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
