@@ -1,0 +1,457 @@
+"""The GPU API end to end: real HTTPS, bearer tokens checked by TokenReview/SubjectAccessReview on the
+Kubernetes emulator (real kubernetes_asyncio client), Run:ai numbers from the spec-checked stand-in
+through the real RunaiClient, and the Python client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+
+from tests.support.cluster import cluster_state, namespace
+from tests.support.https import HttpsServer, StartHttpsServer
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.runai_standin import RunaiStandin
+from webhook.app import create_app
+from webhook.auth import KubeAuthorizer
+from webhook.client import (
+    Forbidden,
+    GpuApiError,
+    GpuAvailability,
+    GpuClient,
+    NotFound,
+    RunaiAdminView,
+    Unauthorized,
+    Unavailable,
+    get_gpu_availability,
+)
+from webhook.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
+from webhook.kubeapi import KubeApi
+from webhook.metrics import REGISTRY
+from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
+from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
+from webhook.state.store import ClusterState
+
+FAST = ClientOptions(timeout_s=1.0, connect_timeout_s=0.5, retries=1, backoff_s=0.02, backoff_max_s=0.05, deadline_s=3)
+METRICS = "/api/v1/clusters/*/nodepools/*/metrics"
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+SARS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+NAMESPACES = [
+    namespace("churn", labels={"runai/queue": "churn", "hopsworks.ai/runai-project-id": "placeholder"}),
+    namespace("fraud", labels={"hopsworks.ai/department": "research"}),  # not bound yet
+    namespace("kube-public", project=False),
+]
+
+
+class Clock:
+    """Time the caches read; tests move it instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StandinDirectory:
+    """A directory over the real RunaiClient, as RunaiDirectory will be: `refresh()` caches clusters,
+    departments, projects and node pools; `node_pool_metrics` is the one live call."""
+
+    def __init__(self, client: RunaiClient) -> None:
+        self.client = client
+        self.cluster_id: str | None = None
+        self.reachable = False
+        self._projects: list[Project] | None = None
+        self._departments: list[Department] | None = None
+        self._node_pools: list[NodePool] | None = None
+
+    async def refresh(self) -> None:
+        try:
+            cluster = await self.client.get_cluster()
+            self._departments = await self.client.list_departments(cluster_id=cluster.uuid)
+            self._projects = await self.client.list_projects(cluster_id=cluster.uuid)
+            self._node_pools = await self.client.list_node_pools(cluster.uuid)
+            self.cluster_id, self.reachable = cluster.uuid, True
+        except RunaiError:
+            self.reachable = False
+
+    def projects(self) -> Sequence[Project] | None:
+        return self._projects
+
+    def departments(self) -> Sequence[Department] | None:
+        return self._departments
+
+    def node_pools(self) -> Sequence[NodePool] | None:
+        return self._node_pools
+
+    async def node_pool_metrics(self, node_pool: str) -> NodePoolMetrics:
+        assert self.cluster_id is not None
+        return await self.client.node_pool_metrics(self.cluster_id, node_pool, call_path="request")
+
+
+def _protocol_check(directory: StandinDirectory) -> RunaiDirectoryView:
+    return directory  # a type checker proves the stand-in directory satisfies the Protocol
+
+
+@dataclass
+class Env:
+    kube: KubeEmulator
+    runai: RunaiStandin
+    state: ClusterState
+    directory: StandinDirectory
+    clock: Clock
+    start: StartHttpsServer
+    api_clients: list[ApiClient] = field(default_factory=list)
+
+    async def server(self, directory: RunaiDirectoryView | None = None, **kwargs: Any) -> HttpsServer:
+        """A GPU API server over `directory` (default: the refreshed stand-in directory)."""
+        api_client = self.kube.api_client()  # the webhook's own ServiceAccount token
+        self.api_clients.append(api_client)
+        authorizer = KubeAuthorizer(
+            KubeApi(api_client, "hopsworks"), admin_groups=["hopsworks:admins"], clock=self.clock
+        )
+        routes = gpu_api_routes(self.state, directory or self.directory, authorizer, clock=self.clock, **kwargs)
+        return await self.start(create_app(self.state, routes=routes))
+
+
+@pytest.fixture
+async def env(https_server: StartHttpsServer, tmp_path: Path) -> AsyncIterator[Env]:
+    secret = tmp_path / "runai-secret"
+    secret.mkdir()
+    (secret / "clientSecret").write_text("standin-client-secret")
+    async with KubeEmulator(token="webhook-sa-token") as kube, RunaiStandin() as runai:
+        kube.add_user("alice-token", "alice", groups=["system:authenticated"])  # member of churn
+        kube.allow("alice", "get", "pods", namespace="churn")
+        kube.add_user("bob-token", "bob", groups=["system:authenticated"])  # member of fraud
+        kube.allow("bob", "get", "pods", namespace="fraud")
+        kube.add_user("root-token", "root", groups=["system:masters"])  # cluster admin
+        kube.allow("group:system:masters")
+        kube.add_user("ops-token", "ops", groups=["hopsworks:admins"])  # platform admin by group only
+        for ns in NAMESPACES:
+            kube.create_object(ns)
+
+        runai.add_department("research", gpu_quota=2)
+        runai.add_project("churn", namespace="churn", gpu_quota=4)
+        runai.set_project_usage("churn", allocated=3, allocated_non_preemptible=1, requested=3)
+        runai.set_node_pool_gpus("default", total=8)  # allocation: the projects' sum, 3
+
+        state = cluster_state(namespaces=NAMESPACES, run_ai_enable=True)
+        for kind in ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"):
+            state.synced[kind] = True
+        async with RunaiClient(runai.url, runai.client_id, SecretFile(secret, "clientSecret"), options=FAST) as client:
+            directory = StandinDirectory(client)
+            await directory.refresh()
+            assert directory.reachable
+            env = Env(kube, runai, state, directory, Clock(), https_server)
+            try:
+                yield env
+            finally:
+                for api_client in env.api_clients:
+                    await api_client.close()
+        assert not runai.violations, "\n\n".join(str(v) for v in runai.violations)
+
+
+async def get(srv: HttpsServer, path: str, token: str | None = None) -> tuple[int, dict[str, Any], Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with srv.session.get(srv.url(path), headers=headers) as resp:
+        return resp.status, dict(resp.headers), await resp.json()
+
+
+def metrics_calls(runai: RunaiStandin) -> int:
+    return len(runai.calls("GET", METRICS))
+
+
+# ---- authentication and authorization -------------------------------------------------------------
+
+
+async def test_a_member_reads_their_project(env: Env) -> None:
+    srv = await env.server()
+    status, headers, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200, body
+    assert "no-store" in headers["Cache-Control"]
+    view = GpuAvailability.model_validate(body)
+    assert (view.status, view.warnings) == ("OK", [])
+    assert view.project is not None and view.department is not None and view.node_pool_gpus is not None
+    assert (view.project.name, view.project.quota, view.project.allocated_non_preemptible) == ("churn", 4, 1)
+    assert (view.department.name, view.department.expected) == ("default", "default")
+    assert (view.node_pool, view.node_pool_gpus.total, view.node_pool_gpus.unallocated) == ("default", 8, 5)
+    assert view.node_pool_gpus.sampled_at is not None
+    assert (view.available_non_preemptible, view.available_preemptible) == (3, 5)
+    # The SubjectAccessReview asked exactly what a member of churn can do.
+    sar = env.kube.calls("POST", SARS)[-1].body["spec"]
+    assert sar["user"] == "alice" and sar["resourceAttributes"] == {
+        "verb": "get",
+        "resource": "pods",
+        "group": "",
+        "namespace": "churn",
+    }
+
+
+async def test_a_member_of_another_project_is_refused(env: Env) -> None:
+    srv = await env.server()
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "bob-token")
+    assert status == 403 and body["code"] == "Forbidden"
+    assert "bob" in body["error"] and "get pods in namespace churn" in body["error"]
+    # bob reads his own project; a namespace that does not exist is a 403 too, not a hint that it is missing.
+    assert (await get(srv, "/api/v1/projects/fraud/gpu", "bob-token"))[0] == 200
+    assert (await get(srv, "/api/v1/projects/nope/gpu", "bob-token"))[0] == 403
+
+
+async def test_no_or_invalid_token_is_401(env: Env) -> None:
+    srv = await env.server()
+    status, headers, body = await get(srv, "/api/v1/projects/churn/gpu")
+    assert status == 401 and body["code"] == "Unauthenticated" and "Bearer" in body["error"]
+    assert headers["WWW-Authenticate"].startswith("Bearer")
+    assert not env.kube.calls("POST", TOKEN_REVIEWS)  # nothing to review
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "stolen-token")
+    assert status == 401 and "invalid bearer token" in body["error"]
+    async with srv.session.get(
+        srv.url("/api/v1/projects/churn/gpu"), headers={"Authorization": "Basic YWxpY2U6eA=="}
+    ) as resp:
+        assert resp.status == 401
+    assert (await get(srv, "/api/v1/admin/runai"))[0] == 401
+
+
+async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:
+    srv = await env.server()
+    for name in ("nope", "kube-public", "Not_A_Name"):
+        status, _, body = await get(srv, f"/api/v1/projects/{name}/gpu", "root-token")
+        assert (status, body["code"]) == (404, "NotFound"), name
+
+
+async def test_admin_view_needs_an_admin(env: Env) -> None:
+    srv = await env.server()
+    status, _, body = await get(srv, "/api/v1/admin/runai", "alice-token")
+    assert status == 403 and "list namespaces cluster-wide" in body["error"]
+    assert "hopsworks:admins" in body["error"]
+    status, _, body = await get(srv, "/api/v1/admin/runai", "root-token")  # by SubjectAccessReview
+    assert status == 200, body
+    sar = env.kube.calls("POST", SARS)[-1].body["spec"]
+    assert sar["resourceAttributes"] == {"verb": "list", "resource": "namespaces", "group": ""}
+    reviews = len(env.kube.calls("POST", SARS))
+    status, _, body = await get(srv, "/api/v1/admin/runai", "ops-token")  # by group: no review needed
+    assert status == 200
+    assert len(env.kube.calls("POST", SARS)) == reviews
+
+    view = RunaiAdminView.model_validate(body)
+    departments = {d.name: d for d in view.departments}
+    assert set(departments) == {"default", "research"}
+    assert departments["default"].linked and departments["research"].linked and departments["research"].quota == 2
+    projects = {p.namespace: p for p in view.projects}
+    assert set(projects) == {"churn", "fraud"}
+    assert projects["churn"].linked and (projects["churn"].quota, projects["churn"].allocated) == (4, 3)
+    assert not projects["fraud"].linked and projects["fraud"].warnings[0].code == "RUN_AI_PROJECT_NOT_BOUND"
+    assert metrics_calls(env.runai) == 0  # the admin view reads only the directory's cache
+
+
+async def test_reviews_are_cached_briefly(env: Env) -> None:
+    srv = await env.server()
+    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"}) or 0
+    for _ in range(5):
+        assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+        assert (await get(srv, "/api/v1/projects/churn/gpu", "bob-token"))[0] == 403
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 2  # alice, bob
+    assert len(env.kube.calls("POST", SARS)) == 2
+    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"})
+    assert after == before + 4  # counted as request-path calls
+    # Refusals are kept for less time than grants: a RoleBinding just added works soon.
+    env.kube.allow("bob", "get", "pods", namespace="churn")
+    env.clock.now += 6
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "bob-token"))[0] == 200
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 2 and len(env.kube.calls("POST", SARS)) == 3
+    env.clock.now += 30  # everything expired: reviewed again (a revoked token stops working)
+    env.kube.users.pop("alice-token")
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 401
+
+
+async def test_kubernetes_api_down_is_503_not_a_refusal(env: Env) -> None:
+    srv = await env.server()
+    env.kube.fail_next(1, 500, path_prefix=TOKEN_REVIEWS)
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert (status, body["code"]) == (503, "AuthUnavailable")
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200  # not cached as a refusal
+
+
+# ---- Run:ai: no side effects, caching, unreachable ----------------------------------------------
+
+
+async def test_reading_has_no_side_effects(env: Env) -> None:
+    srv = await env.server()
+    projects_before = dict(env.runai.projects)
+    env.runai.requests.clear()
+    status, _, body = await get(srv, "/api/v1/projects/fraud/gpu", "bob-token")
+    assert status == 200
+    assert body["status"] == "RUN_AI_PROJECT_NOT_BOUND" and body["project"] is None
+    assert body["department"]["name"] == "research"  # where binding would put it
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "root-token"))[0] == 200
+    assert (await get(srv, "/api/v1/admin/runai", "root-token"))[0] == 200
+    # Run:ai saw reads only (a token request would be the client's credential exchange, not a write).
+    assert env.runai.requests and {r.method for r in env.runai.requests if r.path != "/api/v1/token"} == {"GET"}
+    assert env.runai.projects.keys() == projects_before.keys()
+    # Kubernetes saw reviews only; the namespace is not bound, in the API or in the cache.
+    assert {(r.method, r.path) for r in env.kube.requests} <= {("POST", TOKEN_REVIEWS), ("POST", SARS)}
+    assert "runai/queue" not in env.kube.get_object("Namespace", "fraud")["metadata"]["labels"]
+    assert env.state.namespaces["fraud"].runai_queue is None
+
+
+async def test_metrics_are_fetched_once_per_ttl(env: Env) -> None:
+    srv = await env.server(metrics_ttl_s=5.0)
+    env.runai.set_latency(0.1, path=METRICS)  # concurrent requests overlap one fetch
+    answers = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", "alice-token") for _ in range(8)))
+    assert {a[0] for a in answers} == {200}
+    assert metrics_calls(env.runai) == 1
+    for _ in range(5):
+        await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+        await get(srv, "/api/v1/projects/fraud/gpu", "bob-token")  # same node pool, same sample
+    assert metrics_calls(env.runai) == 1
+    env.runai.set_node_pool_gpus("default", total=8, allocated=8)
+    env.clock.now += 5.1
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200 and metrics_calls(env.runai) == 2 and body["available_preemptible"] == 0
+
+
+async def test_metrics_failure_is_a_warning_and_is_not_retried_per_request(env: Env) -> None:
+    srv = await env.server(metrics_ttl_s=5.0)
+    env.runai.fail_next(10, 503, path=METRICS)
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200 and body["status"] == "RUN_AI_UNREACHABLE"
+    assert "node pool metrics" in body["warnings"][0]["message"]
+    assert body["available_preemptible"] is None and body["available_non_preemptible"] == 3
+    calls = metrics_calls(env.runai)
+    await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert metrics_calls(env.runai) == calls  # the failure is cached for the TTL too
+
+
+async def test_run_ai_unreachable(env: Env) -> None:
+    srv = await env.server()
+    await env.runai.stop_listening()
+    await env.directory.refresh()
+    assert not env.directory.reachable
+    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0
+    assert after == before  # no metrics call tried against a control plane known to be down
+    # The UI keeps its GPU section: last known quota, the warning, no live numbers, no call tried.
+    assert status == 200 and body["status"] == "RUN_AI_UNREACHABLE"
+    assert body["project"]["quota"] == 4 and body["node_pool_gpus"] is None
+    status, _, body = await get(srv, "/api/v1/admin/runai", "root-token")
+    assert status == 200 and body["status"] == "RUN_AI_UNREACHABLE" and body["reachable"] is False
+
+    never = StandinDirectory(env.directory.client)  # never refreshed: nothing true to show admins
+    srv2 = await env.server(never)
+    status, _, body = await get(srv2, "/api/v1/admin/runai", "root-token")
+    assert (status, body["code"]) == (503, "RUN_AI_UNREACHABLE")
+    status, _, body = await get(srv2, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200 and body["status"] == "RUN_AI_UNREACHABLE" and body["project"] is None
+    await env.runai.resume()
+
+
+async def test_run_ai_off_makes_no_run_ai_call_and_reports_bindings_left(env: Env) -> None:
+    env.state.apply(
+        {
+            "kind": "ConfigMap",
+            "metadata": {"name": "hopsworks-cluster-settings", "namespace": "hopsworks"},
+            "data": {"run_ai_enable": "false"},
+        }
+    )
+    srv = await env.server()
+    env.runai.requests.clear()
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200 and body["status"] == "RUN_AI_BINDING_LEFT" and body["runai_enabled"] is False
+    status, _, body = await get(srv, "/api/v1/admin/runai", "root-token")
+    assert status == 200 and body["status"] == "RUN_AI_DISABLED"
+    assert env.runai.requests == []
+
+
+async def test_directory_adapter_reads_a_directory_that_keeps_its_last_refresh_in_view(env: Env) -> None:
+    client = env.directory.client
+    cluster = await client.get_cluster()
+    timed = SimpleNamespace(
+        view=SimpleNamespace(
+            departments=await client.list_departments(cluster_id=cluster.uuid),
+            projects=await client.list_projects(cluster_id=cluster.uuid),
+            default_node_pool=await client.default_node_pool(cluster.uuid),
+        ),
+        reachable=True,
+        cluster_id=cluster.uuid,
+    )
+    srv = await env.server(DirectoryAdapter(timed, lambda: client))
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200 and body["status"] == "OK"
+    assert (body["node_pool"], body["available_non_preemptible"], body["available_preemptible"]) == ("default", 3, 5)
+    timed.view, timed.reachable = None, None  # Run:ai off or never refreshed
+    assert (await get(srv, "/api/v1/admin/runai", "root-token"))[0] == 503
+
+
+# ---- the Python client -----------------------------------------------------------------------------
+
+
+async def test_python_client_end_to_end(env: Env) -> None:
+    srv = await env.server()
+    # The serving certificate names 127.0.0.1 too; the client verifies it against the test CA.
+    base = f"https://127.0.0.1:{srv.port}"
+    ca = srv.certs.ca_file
+    async with GpuClient(base, "alice-token", ca) as api:
+        gpus = await api.get_gpu_availability("churn")
+        assert isinstance(gpus, GpuAvailability)
+        assert gpus.project is not None and gpus.project.name == "churn"
+        assert gpus.department is not None and gpus.department.name == "default"
+        assert (gpus.available_non_preemptible, gpus.available_preemptible, gpus.warnings) == (3, 5, [])
+        with pytest.raises(Forbidden) as refused:
+            await api.get_gpu_availability("fraud")
+        assert refused.value.status == 403 and "get pods in namespace fraud" in refused.value.reason
+        with pytest.raises(Forbidden):
+            await api.get_runai_admin_view()
+    async with GpuClient(base, "root-token", ca) as api:
+        admin = await api.get_runai_admin_view()
+        assert isinstance(admin, RunaiAdminView) and {p.namespace for p in admin.projects} == {"churn", "fraud"}
+        with pytest.raises(NotFound):
+            await api.get_gpu_availability("kube-public")
+    async with GpuClient(base, "stolen-token", ca) as api:
+        with pytest.raises(Unauthorized):
+            await api.get_gpu_availability("churn")
+    async with GpuClient(base, "alice-token") as api:  # system trust only: the test CA is not trusted
+        with pytest.raises(GpuApiError, match="CERTIFICATE_VERIFY_FAILED") as untrusted:
+            await api.get_gpu_availability("churn")
+        assert not isinstance(untrusted.value, Unavailable)  # a setup error, not "try again later"
+    srv2 = await env.server(StandinDirectory(env.directory.client))
+    async with GpuClient(f"https://127.0.0.1:{srv2.port}", "root-token", srv2.certs.ca_file) as api:
+        with pytest.raises(Unavailable) as down:
+            await api.get_runai_admin_view()
+        assert (down.value.status, down.value.code) == (503, "RUN_AI_UNREACHABLE")
+
+    # The synchronous helper, from plain code and from inside a running event loop (as in Jupyter).
+    plain = await asyncio.to_thread(get_gpu_availability, "churn", base, "alice-token", ca)
+    assert plain.available_non_preemptible == 3
+
+    def notebook_cell() -> GpuAvailability:
+        async def cell() -> GpuAvailability:
+            return get_gpu_availability("churn", base, "alice-token", ca)
+
+        return asyncio.run(cell())
+
+    assert (await asyncio.to_thread(notebook_cell)).project == plain.project
+
+
+def test_routes_are_plain_route_defs() -> None:
+    class Deny:
+        async def authorize_project(self, token: str | None, namespace: str) -> Any:
+            raise AssertionError
+
+        async def authorize_admin(self, token: str | None) -> Any:
+            raise AssertionError
+
+    routes = gpu_api_routes(ClusterState(), None, Deny())
+    assert all(isinstance(r, web.RouteDef) for r in routes)
+    assert {(r.method, r.path) for r in routes} == {
+        ("GET", "/api/v1/projects/{namespace}/gpu"),
+        ("GET", "/api/v1/admin/runai"),
+    }
