@@ -532,3 +532,25 @@ async def test_department_delete_moves_projects_one_at_a_time_and_stops_at_the_f
     again = await env.mover().delete_department("ml")
     assert again.complete and [m.namespace for m in again.moved] == ["b2", "c3"]
     assert all(env.runai_department_of(env.runai.project(n) or {}) == "default" for n in ("a1", "b2", "c3"))
+
+
+async def test_move_publishes_projects_to_the_directory_and_uses_the_current_client(env: Env) -> None:
+    old = env.project_ns("p1")
+    assert old is not None
+    notes: list[tuple[str, str]] = []
+
+    class Notes:
+        def note_project(self, namespace: str, project: Any) -> None:
+            notes.append(("note", project.id))
+
+        def forget_project(self, project_id: str) -> None:
+            notes.append(("forget", project_id))
+
+    clients: list[RunaiClient | None] = [None]
+    mover = DepartmentMover(env.kapi, lambda: clients[-1], env.state, directory=Notes(), instance="r1")
+    with pytest.raises(Exception) as unconfigured:
+        await mover.move_project("p1", "ml")
+    assert getattr(unconfigured.value, "status", None) == 503 and env.intent("p1") is None
+    clients.append(env.client)  # settings reloaded: Run:ai configured now
+    result = await mover.move_project("p1", "ml")
+    assert notes == [("forget", old["id"]), ("note", result.new_project_id)]

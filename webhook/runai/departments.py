@@ -178,6 +178,14 @@ class ClusterView(Protocol):
     def pods(self) -> Mapping[str, Mapping[str, PodRecord]]: ...
 
 
+class ProjectNotes(Protocol):
+    """Where the moved project is published before the next refresh (`RunaiDirectory` is one)."""
+
+    def note_project(self, namespace: str, project: Project) -> None: ...
+
+    def forget_project(self, project_id: str) -> None: ...
+
+
 Checkpoint = Callable[[str], Awaitable[None]]
 
 
@@ -345,19 +353,22 @@ class DepartmentDeleteResult:
 class DepartmentMover:
     """Moves project namespaces between departments, with their Run:ai projects.
 
+    `runai`: the client, or a callable returning the current one (None: Run:ai not configured).
     `runai_departments` returns the Run:ai department names a cache knows (None when it knows
     none); it only serves to see, without a Run:ai call, that two departments map to the same
-    Run:ai department. `checkpoint` is awaited after each recorded phase ("intent", "deleted",
-    "created"): tests stop a move there as a crash would.
+    Run:ai department. `directory` hears of deleted and created projects. `checkpoint` is awaited
+    after each recorded phase ("intent", "deleted", "created"): tests stop a move there as a crash
+    would.
     """
 
     def __init__(
         self,
         kube: KubeApi,
-        runai: RunaiClient | None,
+        runai: RunaiClient | Callable[[], RunaiClient | None] | None,
         cluster: ClusterView,
         *,
         runai_departments: Callable[[], Collection[str] | None] = lambda: None,
+        directory: ProjectNotes | None = None,
         cluster_name: str | None = None,
         instance: str | None = None,
         delete_wait_s: float = 30.0,
@@ -369,8 +380,8 @@ class DepartmentMover:
         self._runai = runai
         self._cluster = cluster
         self._runai_departments = runai_departments
+        self._directory = directory
         self._cluster_name = cluster_name
-        self._cluster_id: str | None = None
         self.instance = instance or kube.instance
         self.delete_wait_s = delete_wait_s
         self.stale_after_s = stale_after_s
@@ -478,6 +489,9 @@ class DepartmentMover:
             except MoveError as exc:
                 log.warning("department move of %s not settled: %s", ns.name, exc.message)
                 outcomes.append(exc)
+            except Exception as exc:  # one namespace must not stop the reconciler's pass
+                log.exception("department move of %s: recovery failed", ns.name)
+                outcomes.append(MovePending(f"{type(exc).__name__}: {exc}", namespace=ns.name))
             else:
                 if result is not None:
                     outcomes.append(result)
@@ -601,6 +615,8 @@ class DepartmentMover:
         except RunaiError as exc:
             # The delete may have landed or not: what Run:ai holds now decides.
             return await self._settle(namespace, intent, cause=exc)
+        if self._directory is not None:
+            self._directory.forget_project(intent.old_project_id)
         intent = await self._set_phase(namespace, intent, "deleted")
         await self._checkpoint("deleted")
         return await self._create_or_rollback(namespace, intent)
@@ -704,6 +720,8 @@ class DepartmentMover:
             RUNAI_QUEUE_LABEL: project.name,
         }
         await self._settle_namespace(namespace, intent, labels)
+        if self._directory is not None:
+            self._directory.note_project(namespace, project)
         reminder = reminder_text(project.name, intent.runai_to["name"])
         message = (
             f"moved {namespace} from {_label(intent.from_department)} to {_label(intent.to_department)}; its Run:ai "
@@ -718,6 +736,8 @@ class DepartmentMover:
     ) -> MoveResult:
         # The re-created project has a new id: keep owning it, or R4 would never delete it.
         await self._settle_namespace(namespace, intent, {RUNAI_PROJECT_ID_LABEL: project.id})
+        if self._directory is not None:
+            self._directory.note_project(namespace, project)
         note = rollback_text(project.name, intent.runai_from["name"])
         message = (
             f"the move of {namespace} to {_label(intent.to_department)} failed: the Run:ai project {project.name} "
@@ -798,14 +818,14 @@ class DepartmentMover:
     # -- Run:ai --------------------------------------------------------------------------------
 
     def _require_runai(self, namespace: str) -> RunaiClient:
-        if self._runai is None:
+        client = self._runai() if callable(self._runai) else self._runai
+        if client is None:
             raise DependencyUnavailable("Run:ai is not configured on this server; nothing changed", namespace=namespace)
-        return self._runai
+        return client
 
     async def _get_cluster_id(self, runai: RunaiClient) -> str:
-        if self._cluster_id is None:
-            self._cluster_id = (await runai.get_cluster(self._cluster_name)).uuid
-        return self._cluster_id
+        # Per move, not cached: the settings may point the client at another control plane.
+        return (await runai.get_cluster(self._cluster_name)).uuid
 
     async def _lookup(self, runai: RunaiClient, intent: MoveIntent, *, quiet: bool) -> Project | None:
         try:
