@@ -29,6 +29,7 @@ from webhook.runai.departments import (
     DepartmentMover,
     InvalidDepartment,
     MoveInProgress,
+    MovePending,
     MoveRolledBack,
     ProjectBusy,
     UnknownNamespace,
@@ -554,3 +555,25 @@ async def test_move_publishes_projects_to_the_directory_and_uses_the_current_cli
     clients.append(env.client)  # settings reloaded: Run:ai configured now
     result = await mover.move_project("p1", "ml")
     assert notes == [("forget", old["id"]), ("note", result.new_project_id)]
+
+
+async def test_a_stalled_holder_whose_move_was_taken_over_deletes_nothing(env: Env) -> None:
+    old = env.project_ns("p1")
+    assert old is not None
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def stall(phase: str) -> None:
+        if phase == "intent":
+            reached.set()
+            await release.wait()
+
+    first = asyncio.create_task(env.mover(checkpoint=stall).move_project("p1", "ml"))
+    await asyncio.wait_for(reached.wait(), 5)
+    # Its heartbeat looks old to another replica, which settles the move: nothing was deleted yet.
+    result = await env.mover(instance="leader-2", clock=_later(600)).recover("p1")
+    assert result is not None and result.outcome == "abandoned"
+    release.set()
+    with pytest.raises(MovePending):
+        await first
+    assert old["id"] in env.runai.projects and env.runai_writes() == []
+    assert env.intent("p1") is None and DEPARTMENT_LABEL not in env.labels("p1")

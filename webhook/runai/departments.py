@@ -609,6 +609,9 @@ class DepartmentMover:
             self._active.discard(namespace)
 
     async def _run(self, namespace: str, intent: MoveIntent, runai: RunaiClient) -> MoveResult:
+        # The delete is the one step that cannot be undone as it was: check, with a fresh
+        # heartbeat, that no recoverer took this move over while this process was slow.
+        intent = await self._set_phase(namespace, intent, "started")
         try:
             await runai.delete_project(intent.old_project_id)  # a 404 is "already gone"
             await self._wait_gone(runai, intent.old_project_id)
@@ -917,41 +920,37 @@ class DepartmentMover:
     async def _set_phase(self, namespace: str, intent: MoveIntent, phase: str, **changes: Any) -> MoveIntent:
         obj = await self._read_namespace(namespace)
         current = self._intent_of(obj)
-        if current is None or current.id != intent.id:
+        if not _same_holding(current, intent):
             raise _taken_over(namespace)
         try:
             return await self._write_intent_update(namespace, obj, intent, phase=phase, **changes)
         except _LostLock:
-            raise MovePending(
-                f"the move of {namespace} was taken over by another process", namespace=namespace
-            ) from None
+            raise _taken_over(namespace) from None
 
     async def _write_intent_update(self, namespace: str, obj: Obj, intent: MoveIntent, **changes: Any) -> MoveIntent:
         """Rewrite the intent (and its heartbeat) under a resourceVersion precondition."""
         updated = replace(intent, heartbeat=_now_rfc3339(self._clock), **changes)
         patch = {"metadata": {"annotations": {MOVE_ANNOTATION: updated.to_annotation()}}}
-        await self._guarded_patch(namespace, obj, patch, intent.id)
+        await self._guarded_patch(namespace, obj, patch, intent)
         return updated
 
     async def _settle_namespace(self, namespace: str, intent: MoveIntent, labels: Mapping[str, str | None]) -> None:
         obj = await self._read_namespace(namespace)
         patch = {"metadata": {"labels": dict(labels), "annotations": {MOVE_ANNOTATION: None}}}
         try:
-            await self._guarded_patch(namespace, obj, patch, intent.id)
+            await self._guarded_patch(namespace, obj, patch, intent)
         except _LostLock:
-            raise MovePending(
-                f"the move of {namespace} was taken over by another process", namespace=namespace
-            ) from None
+            raise _taken_over(namespace) from None
 
     async def _clear_intent(self, namespace: str, obj: Obj, intent: MoveIntent) -> None:
         with contextlib.suppress(_LostLock):
-            await self._guarded_patch(namespace, obj, {"metadata": {"annotations": {MOVE_ANNOTATION: None}}}, intent.id)
+            await self._guarded_patch(namespace, obj, {"metadata": {"annotations": {MOVE_ANNOTATION: None}}}, intent)
 
-    async def _guarded_patch(self, namespace: str, obj: Obj, patch: Mapping[str, Any], intent_id: str) -> None:
+    async def _guarded_patch(self, namespace: str, obj: Obj, patch: Mapping[str, Any], intent: MoveIntent) -> None:
         """Patch while the namespace still carries this move's intent; other edits are merged around."""
         for _ in range(5):
             current = self._intent_of(obj)
-            if current is None or current.id != intent_id:
+            if not _same_holding(current, intent):
                 raise _LostLock()
             try:
                 await self._kube.patch_namespace(
@@ -975,6 +974,12 @@ class DepartmentMover:
             await self._kube.create_event(involved, reason, message, type_="Warning" if warning else "Normal")
         except Exception as exc:
             log.warning("could not record the %s event on %s: %s", reason, namespace, exc)
+
+
+def _same_holding(current: MoveIntent | None, intent: MoveIntent) -> bool:
+    # Same move and same holder: a takeover keeps the id but changes the holder, which the old
+    # holder must notice before it writes again.
+    return current is not None and current.id == intent.id and current.holder == intent.holder
 
 
 def _taken_over(namespace: str) -> MovePending:
