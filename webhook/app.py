@@ -203,6 +203,9 @@ class ServeOptions:
     lease_name: str = "scheduling-webhook-leader"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
     shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
+    # One INFO line per request costs about as much as the decision itself; the apiserver's audit
+    # log already records every admission. WEBHOOK_ACCESS_LOG=1 turns it on.
+    access_log: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -220,6 +223,7 @@ class ServeOptions:
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+            access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
         )
 
     def guard_config(self) -> GuardConfig:
