@@ -1,0 +1,212 @@
+"""R3 at `kubectl apply` time: pod owners asking for more GPUs than their project has left.
+
+`validate_workload(request, snapshot, now, parent)` is pure. It is a pre-check for a better answer
+(a refused `kubectl apply` instead of ReplicaSet events nobody reads); the binding rule and the
+hard quota check stay with the pods, which reserve GPUs when they are created. That is why nothing
+is reserved here: a Deployment's pods do not exist yet, and reserving for them would hold quota
+that the pods themselves reserve again moments later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.core.decision import Decision
+from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.core.scheduling import request_namespace
+from webhook.core.validation import EPSILON, OVER_QUOTA, format_gpus, gpus_in_use
+from webhook.settings import QUOTA_CHECKED_KINDS, WorkloadKindRules
+from webhook.snapshot import ClusterSnapshot
+
+# (API group, kind) of the pod owners this check reads; the value is the plural the scale
+# subresource is addressed by (`deployments/scale`).
+WORKLOAD_KINDS: dict[tuple[str, str], str] = {
+    ("apps", "Deployment"): "deployments",
+    ("apps", "StatefulSet"): "statefulsets",
+    ("apps", "ReplicaSet"): "replicasets",
+    ("batch", "Job"): "jobs",
+    ("batch", "CronJob"): "cronjobs",
+}
+SCALABLE: dict[str, tuple[str, str]] = {
+    plural: key for key, plural in WORKLOAD_KINDS.items() if key[0] == "apps"
+}  # resource plural -> (group, kind)
+# An object controlled by one of these was checked when its owner was applied. Checking it again
+# would refuse the Deployment controller's own ReplicaSet writes mid-rollout, where the old pods
+# still hold their GPUs; the pods are checked (and reserve) when they are created anyway.
+CHECKED_OWNERS = frozenset({"Deployment", "CronJob"})
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What a pod owner asks for: `replicas` pods at once, each holding `gpus_per_pod`."""
+
+    kind: str | None  # the platform's workload kind of its pods
+    replicas: int
+    gpus_per_pod: float
+
+    @property
+    def total(self) -> float:
+        return self.replicas * self.gpus_per_pod if self.kind in QUOTA_CHECKED_KINDS else 0.0
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _count(value: Any, default: int = 1) -> int:
+    """A replica count; nil means the API default. The apiserver validated it already."""
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def pod_template(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    spec = _map(obj.get("spec"))
+    if kind == "CronJob":
+        spec = _map(_map(spec.get("jobTemplate")).get("spec"))
+    return _map(spec.get("template"))
+
+
+def concurrent_pods(obj: Mapping[str, Any], kind: str) -> int:
+    """How many pods the object runs at once."""
+    spec = _map(obj.get("spec"))
+    if kind in ("Job", "CronJob"):
+        if kind == "CronJob":
+            spec = _map(_map(spec.get("jobTemplate")).get("spec"))
+        parallelism = _count(spec.get("parallelism"))
+        completions = spec.get("completions")
+        return parallelism if completions is None else min(parallelism, _count(completions))
+    return _count(spec.get("replicas"))
+
+
+def demand(obj: Mapping[str, Any], kind: str, rules: WorkloadKindRules, replicas: int | None = None) -> Demand:
+    """Raises ValueError on a malformed GPU request in the template."""
+    template = pod_template(obj, kind)
+    labels = _map(_map(template.get("metadata")).get("labels"))
+    return Demand(
+        kind=classify_workload(labels, rules),
+        replicas=concurrent_pods(obj, kind) if replicas is None else replicas,
+        gpus_per_pod=pod_gpu_request(template),
+    )
+
+
+def _controlled_by_checked_owner(obj: Mapping[str, Any]) -> bool:
+    refs = _map(obj.get("metadata")).get("ownerReferences") or ()
+    return any(isinstance(r, Mapping) and r.get("controller") and r.get("kind") in CHECKED_OWNERS for r in refs)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    """A pod owner write this check reads: the object that carries the template, and the replica
+    counts before and after (the scale subresource carries the counts but not the template)."""
+
+    kind: str  # Deployment, StatefulSet, ...
+    name: str
+    owner: Mapping[str, Any]  # the object with the pod template
+    old: Mapping[str, Any] | None  # the old owner (UPDATE), None on CREATE
+    new_replicas: int | None = None  # from a Scale; None: from the owner
+    old_replicas: int | None = None
+
+
+def workload_request(request: Mapping[str, Any], parent: Mapping[str, Any] | None = None) -> WorkloadRequest | None:
+    """The pod owner write in this request, or None when it is not one this check reads.
+
+    For `<workloads>/scale`, `parent` is the owner object (the Scale has no pod template); without
+    it the scale is not checked here.
+    """
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE"):
+        return None
+    obj = _map(request.get("object"))
+    old = _map(request.get("oldObject")) if operation == "UPDATE" else None
+    sub = request.get("subResource") or ""
+    if sub == "scale":
+        resource = _map(request.get("resource")).get("resource", "")
+        if operation != "UPDATE" or resource not in SCALABLE or parent is None:
+            return None
+        return WorkloadRequest(
+            kind=SCALABLE[resource][1],
+            name=str(request.get("name") or _map(obj.get("metadata")).get("name") or ""),
+            owner=parent,
+            old=parent,
+            new_replicas=_count(_map(obj.get("spec")).get("replicas"), 0),
+            old_replicas=_count(_map((old or {}).get("spec")).get("replicas"), 0),
+        )
+    if sub:
+        return None  # status and other subresources do not change what the pods ask for
+    kind = _map(request.get("kind"))
+    key = (str(kind.get("group", "")), str(kind.get("kind", "")))
+    if key not in WORKLOAD_KINDS or not obj:
+        return None
+    return WorkloadRequest(
+        kind=key[1], name=str(_map(obj.get("metadata")).get("name") or request.get("name") or ""), owner=obj, old=old
+    )
+
+
+def is_scale(request: Mapping[str, Any]) -> bool:
+    return request.get("subResource") == "scale" and _map(request.get("resource")).get("resource") in SCALABLE
+
+
+def scale_up(request: Mapping[str, Any]) -> bool:
+    """A scale subresource UPDATE to more replicas: the only scale that can ask for more GPUs."""
+    if not is_scale(request) or request.get("operation") != "UPDATE":
+        return False
+    new = _count(_map(_map(request.get("object")).get("spec")).get("replicas"), 0)
+    old = _count(_map(_map(request.get("oldObject")).get("spec")).get("replicas"), 0)
+    return new > old
+
+
+def validate_workload(
+    request: Mapping[str, Any],
+    snapshot: ClusterSnapshot,
+    now: float = 0.0,
+    parent: Mapping[str, Any] | None = None,
+) -> Decision:
+    settings = snapshot.settings
+    if not settings.run_ai_enable:
+        return Decision.allow()
+    namespace = snapshot.namespaces.get(request_namespace(request))
+    if namespace is None or not namespace.is_project:
+        return Decision.allow()
+    if is_scale(request) and parent is None:
+        if not scale_up(request):
+            return Decision.allow()
+        return Decision.allow(warnings=["GPU quota not checked for this scale: its pods are checked when they start"])
+    target = workload_request(request, parent)
+    if target is None or _controlled_by_checked_owner(target.owner):
+        return Decision.allow()
+    rules = settings.scheduler.workload_kinds
+    try:
+        new = demand(target.owner, target.kind, rules, target.new_replicas)
+        old = demand(target.old, target.kind, rules, target.old_replicas) if target.old else None
+    except ValueError as exc:
+        return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason="Invalid")
+    increase = new.total - (old.total if old is not None else 0.0)
+    if increase <= EPSILON:
+        return Decision.allow()  # jobs, no GPUs, unchanged or scaled down: nothing more asked
+    ns = namespace.name
+    if namespace.runai_queue is None:
+        # Binding calls Run:ai; the pods do it when they start (and are refused if it fails).
+        return Decision.allow(
+            warnings=[f"project {ns} is not bound to Run:ai yet: GPU quota is checked when its pods start"]
+        )
+    if snapshot.runai_projects is None or ns not in snapshot.runai_projects:
+        return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
+    deserved = snapshot.runai_projects[ns].deserved_gpus
+    left = deserved - gpus_in_use(snapshot, ns, now)
+    if increase > left + EPSILON:
+        more = " more" if old is not None and old.total > 0 else ""
+        return Decision.deny(
+            f"project {ns} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs left; "
+            f"{target.kind} {target.name} ({new.kind}) asks for {format_gpus(increase)}{more} "
+            f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
+            "workload or ask an administrator for more Run:ai quota",
+            code=403,
+            reason=OVER_QUOTA,
+        )
+    return Decision.allow(audit={"gpus": format_gpus(increase), "gpus-left": format_gpus(left - increase)})
