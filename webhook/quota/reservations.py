@@ -1,0 +1,276 @@
+"""GPU reservations shared by every replica, so that two admissions never both take the last GPU.
+
+The Kubernetes API is the shared store: one ConfigMap per project namespace, in the install
+namespace, whose data maps a reservation key (the pod's uid, see `request_key`) to JSON
+`{"gpus", "expires_at", "pod", "kind"}`. A label-selected watch feeds them to
+`snapshot.gpu_reservations`, which the pure decisions read. `reserve` decides again against the
+ConfigMap as the API server holds it and writes the new entry with that resourceVersion: of two
+writers that read the same version, one gets 409, reads again and sees the other's GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import random
+import re
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from webhook.admission import is_dry_run
+from webhook.core.decision import Decision
+from webhook.core.kinds import pod_gpu_request
+from webhook.core.scheduling import pod_target
+from webhook.core.validation import request_key, validate_pod
+from webhook.kubeapi import KubeApi, KubeConflict, KubeError
+from webhook.settings import QUOTA_CHECKED_KINDS
+from webhook.snapshot import ClusterSnapshot, GpuReservation
+from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming
+from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+RESERVATIONS_LABEL = "scheduling.hopsworks.ai/gpu-reservations"
+NAMESPACE_ANNOTATION = "scheduling.hopsworks.ai/namespace"
+# A namespace name is a DNS label (<= 63), so the name stays a valid DNS subdomain of <= 80 chars.
+CONFIGMAP_PREFIX = "gpu-reservations."
+WATCH_NAME = "GpuReservation"  # key in state.synced (/readyz) and the watch metrics
+# Long enough to cover the pod cache's lag behind the API server on every replica; a pod that never
+# appears (refused by a later webhook, deleted at once) stops counting after it.
+DEFAULT_TTL_S = 120.0
+UNPROVEN = "GpuQuotaUnproven"
+_DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+def configmap_name(namespace: str) -> str:
+    return CONFIGMAP_PREFIX + namespace
+
+
+def data_key(key: str) -> str:
+    """A ConfigMap data key for a reservation key. Pod uids are valid as they are (the pure count
+    matches reservations to cached pods by uid); anything else is hashed."""
+    if _DATA_KEY.match(key):
+        return key
+    return "req-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def parse_reservations(namespace: str, data: Mapping[str, Any] | None) -> dict[str, GpuReservation]:
+    out: dict[str, GpuReservation] = {}
+    for key, raw in (data or {}).items():
+        try:
+            value = json.loads(raw)
+            out[key] = GpuReservation(
+                key=key, namespace=namespace, gpus=float(value["gpus"]), expires_at=float(value["expires_at"])
+            )
+        except (TypeError, ValueError, KeyError):
+            # Someone edited it by hand: skip the entry rather than block the project.
+            log.warning("gpu reservations of %s: ignoring malformed entry %r", namespace, key)
+    return out
+
+
+def _configmap_namespace(cm: Mapping[str, Any]) -> str:
+    meta = cm.get("metadata") or {}
+    annotated = (meta.get("annotations") or {}).get(NAMESPACE_ANNOTATION)
+    if annotated:
+        return str(annotated)
+    name = str(meta.get("name") or "")
+    return name[len(CONFIGMAP_PREFIX) :] if name.startswith(CONFIGMAP_PREFIX) else ""
+
+
+def reservation_need(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> tuple[str, str | None, float] | None:
+    """(namespace, kind, GPUs) when the request is a GPU pod whose quota this system checks: a
+    checked kind in a bound project with the Run:ai view present. Only these ever reserve."""
+    target = pod_target(request, snapshot)
+    if target is None or not snapshot.settings.run_ai_enable or target.namespace.runai_queue is None:
+        return None
+    if target.kind not in QUOTA_CHECKED_KINDS:
+        return None
+    if snapshot.runai_projects is None or target.namespace.name not in snapshot.runai_projects:
+        return None
+    try:
+        gpus = pod_gpu_request(target.pod)
+    except ValueError:
+        return None
+    return (target.namespace.name, target.kind, gpus) if gpus > 0 else None
+
+
+class GpuReservations:
+    """The reservation store of one replica: a watch-fed cache plus optimistic-concurrency writes.
+
+    `await store.start(api_client)` / `await store.stop()` run the watch (it registers
+    `GpuReservation` in `state.synced`, so /readyz waits for it). `await store.reserve(...)`
+    decides and writes.
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        kube: KubeApi,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_attempts: int = 10,
+        jitter_s: float = 0.01,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.state = state
+        self.kube = kube
+        self.install_namespace = kube.install_namespace
+        self.ttl_s = ttl_s
+        self.max_attempts = max_attempts
+        self.jitter_s = jitter_s
+        # Below the webhook's timeoutSeconds: refuse clearly rather than let the apiserver time out.
+        self.timeout_s = timeout_s
+        self.synced = state.synced  # the Sink protocol; shared so /readyz covers this watch
+        self._objects: dict[str, dict[str, Any]] = {}  # namespace -> ConfigMap as last seen
+        self._reservations: dict[str, dict[str, GpuReservation]] = {}
+        state.snapshot().gpu_reservations = self._reservations
+        # One writer per namespace in this replica: its own admissions then never conflict with
+        # each other, only with other replicas' (which the resourceVersion settles).
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._watcher: KubeWatcher | None = None
+
+    # -- the watch (Sink) ---------------------------------------------------------------------
+    def watch(self, api_client: ApiClient, timing: WatchTiming | None = None) -> ResourceWatch:
+        core = CoreV1Api(api_client)
+        return ResourceWatch(
+            "ConfigMap",
+            partial(core.list_namespaced_config_map, self.install_namespace),
+            name=WATCH_NAME,
+            label_selector=f"{RESERVATIONS_LABEL}=true",
+            timing=timing or WatchTiming(),
+        )
+
+    async def start(self, api_client: ApiClient, timing: WatchTiming | None = None) -> None:
+        if self._watcher is None:
+            watch = self.watch(api_client, timing)
+            self._watcher = KubeWatcher(self, api_client, self.install_namespace, watches=[watch])
+            await self._watcher.start()
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+            self._watcher = None
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        namespace = _configmap_namespace(obj)
+        if not namespace:
+            return
+        self._objects[namespace] = dict(obj)
+        self._reservations[namespace] = parse_reservations(namespace, obj.get("data"))
+
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        namespace = _configmap_namespace(obj)
+        self._objects.pop(namespace, None)
+        self._reservations.pop(namespace, None)
+
+    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
+        self._objects.clear()
+        self._reservations.clear()
+        for obj in objects:
+            self.apply(obj)
+
+    def reservations(self, namespace: str) -> Mapping[str, GpuReservation]:
+        return self._reservations.get(namespace, {})
+
+    # -- the write ----------------------------------------------------------------------------
+    async def reserve(self, request: Mapping[str, Any], snapshot: ClusterSnapshot, now: float) -> Decision:
+        """The pure decision, made again against the ConfigMap the API server holds, and the
+        reservation written with its resourceVersion. Requests that need none get `validate_pod`."""
+        need = reservation_need(request, snapshot)
+        if need is None or is_dry_run(request):
+            # dryRun has no side effects (sideEffects: NoneOnDryRun): the cache's answer only.
+            return validate_pod(request, snapshot, now)
+        namespace, kind, gpus = need
+        key = request_key(request)
+        pod = (request.get("object") or {}).get("metadata") or {}
+        entry = {
+            "gpus": gpus,
+            "expires_at": now + self.ttl_s,
+            "pod": pod.get("name") or pod.get("generateName") or "",
+            "kind": kind,
+        }
+        # Fail closed: when the reservation cannot be written, two replicas could both admit the
+        # last GPU, and Run:ai would leave the extra non-preemptible pod pending with no message.
+        # A clear refusal the user can retry is the better failure. It touches only GPU pods of
+        # checked kinds in bound projects; everything else never reaches this write.
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                lock = self._locks.setdefault(namespace, asyncio.Lock())
+                async with lock:
+                    return await self._reserve(request, snapshot, now, namespace, data_key(key), entry)
+        except TimeoutError:
+            return self._unproven(namespace, f"no answer within {self.timeout_s:g}s")
+        except (KubeError, aiohttp.ClientError, OSError) as exc:
+            log.warning("gpu reservation for %s/%s failed: %s", namespace, entry["pod"], exc)
+            return self._unproven(namespace, str(exc))
+
+    async def _reserve(
+        self,
+        request: Mapping[str, Any],
+        snapshot: ClusterSnapshot,
+        now: float,
+        namespace: str,
+        key: str,
+        entry: dict[str, Any],
+    ) -> Decision:
+        name = configmap_name(namespace)
+        cm: dict[str, Any] | None = self._objects.get(namespace)  # first try the cache: no GET
+        for attempt in range(self.max_attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, self.jitter_s * attempt))
+                cm = await self.kube.get_configmap(name, path="request")
+                if cm is not None:
+                    self.apply(cm)  # fresher than the watch: the next admission starts from it
+            current = parse_reservations(namespace, (cm or {}).get("data"))
+            # The pod cache as this replica sees it, the reservations as the API server holds them.
+            view = dataclasses.replace(snapshot, gpu_reservations={**snapshot.gpu_reservations, namespace: current})
+            decision = validate_pod(request, view, now)
+            if not decision.allowed:
+                return decision
+            # Expired entries go on every write. Entries of pods this replica already sees stay
+            # until they expire: another replica's pod cache may lag, and it counts them only while
+            # it does not see the pod (the pure count skips a reservation whose pod is cached).
+            data = {
+                k: v for k, v in ((cm or {}).get("data") or {}).items() if k in current and current[k].expires_at > now
+            }
+            data[key] = json.dumps(entry, separators=(",", ":"))
+            try:
+                if cm is None:
+                    written = await self.kube.create_configmap(self._new_configmap(namespace, data), path="request")
+                else:
+                    body = {**cm, "data": data}
+                    written = await self.kube.replace_configmap(body, path="request")
+            except KubeConflict:
+                continue  # someone wrote first (or created it): read again and decide again
+            self.apply(written)  # this replica sees its own write before the watch echoes it
+            return decision
+        return self._unproven(namespace, f"the reservation kept conflicting after {self.max_attempts} attempts")
+
+    def _new_configmap(self, namespace: str, data: Mapping[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": configmap_name(namespace),
+                "namespace": self.install_namespace,
+                "labels": {RESERVATIONS_LABEL: "true", "app.kubernetes.io/managed-by": "scheduling-webhook"},
+                "annotations": {NAMESPACE_ANNOTATION: namespace},
+            },
+            "data": dict(data),
+        }
+
+    @staticmethod
+    def _unproven(namespace: str, why: str) -> Decision:
+        return Decision.deny(
+            f"GPU quota of project {namespace} cannot be checked right now: the GPU reservation could not be "
+            f"written to the Kubernetes API ({why}). Try again in a moment",
+            code=503,
+            reason=UNPROVEN,
+        )
