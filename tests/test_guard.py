@@ -689,3 +689,31 @@ def test_parse_project_scheduling_checks_existing_priority_classes() -> None:
     assert len(lenient.notes) == 2
     with pytest.raises(ProjectSettingsError, match="PriorityClass 'high' does not exist"):
         parse_project_scheduling(ns, SETTINGS, strict=True, existing_priority_classes={"low"})
+
+
+MOVE = {"scheduling.hopsworks.ai/runai-move": '{"v":1,"phase":"deleted"}'}
+
+
+@pytest.mark.parametrize(
+    ("old_annotations", "new_annotations", "user", "allowed"),
+    [
+        pytest.param({}, MOVE, ADMIN, False, id="add-intent-refused"),
+        pytest.param(MOVE, {}, ADMIN, False, id="clear-intent-refused"),
+        pytest.param(MOVE, {"scheduling.hopsworks.ai/runai-move": "{}"}, ADMIN, False, id="edit-intent-refused"),
+        pytest.param({}, MOVE, OWN, True, id="own-identity-writes-intent"),
+        pytest.param(MOVE, MOVE, ADMIN, True, id="unchanged-intent-allowed"),
+    ],
+)
+def test_move_intent_is_written_only_by_this_system(
+    old_annotations: dict[str, str], new_annotations: dict[str, str], user: dict[str, Any], allowed: bool
+) -> None:
+    request = ns_request(
+        "UPDATE",
+        namespace(labels=CREATED, annotations=new_annotations),
+        namespace(labels=CREATED, annotations=old_annotations),
+        user,
+    )
+    decision = validate_namespace_change(request, snapshot(RUNAI_ON), CONFIG, KNOWN)
+    assert decision.allowed is allowed, decision.message
+    if not allowed:
+        assert "admin move API" in decision.message

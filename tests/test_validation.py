@@ -15,6 +15,11 @@ from webhook.snapshot import GpuReservation, RunaiProjectInfo
 NOW = 1_000_000.0
 BOUND = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": "7"})
 UNBOUND = namespace("nlp")
+MOVING_NS = namespace(
+    "moving",
+    labels={"runai/queue": "moving", "hopsworks.ai/runai-project-id": "8"},
+    annotations={"scheduling.hopsworks.ai/runai-move": '{"v":1,"phase":"deleted"}'},
+)
 NOTEBOOK = {"jupyter": "true"}
 
 
@@ -59,6 +64,13 @@ CASES = [
         reason=NOT_BOUND,
     ),
     Case("R3 within quota", gpus=2),
+    Case(
+        "R5 a project moving between departments starts nothing",
+        namespace="moving",
+        gpus=0,
+        allowed=False,
+        reason="ProjectMoving",
+    ),
     Case(
         "R3 over quota says how many are left of how many",
         gpus=2,
@@ -113,7 +125,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_pod_validation(case: Case) -> None:
-    state = cluster_state(namespaces=[BOUND, UNBOUND], extra=case.pods, run_ai_enable=case.run_ai)
+    state = cluster_state(namespaces=[BOUND, UNBOUND, MOVING_NS], extra=case.pods, run_ai_enable=case.run_ai)
     snap = state.snapshot()
     if case.deserved is not None:
         snap.runai_projects = {

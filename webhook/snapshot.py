@@ -21,6 +21,8 @@ RUNAI_QUEUE_LABEL = "runai/queue"
 RUNAI_PROJECT_ID_LABEL = "hopsworks.ai/runai-project-id"
 AVAILABLE_ANNOTATION = "scheduling.hopsworks.ai/available"
 DEFAULTS_ANNOTATION = "scheduling.hopsworks.ai/defaults"
+# A department move in progress (intent + lock, written only by this system).
+RUNAI_MOVE_ANNOTATION = "scheduling.hopsworks.ai/runai-move"
 # Pod keys.
 AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/affinity"
 ANTI_AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/anti-affinity"
@@ -50,6 +52,10 @@ class NamespaceInfo:
     @property
     def runai_queue(self) -> str | None:
         return self.labels.get(RUNAI_QUEUE_LABEL) or None
+
+    @property
+    def moving(self) -> bool:
+        return RUNAI_MOVE_ANNOTATION in self.annotations
 
     @property
     def runai_project_id(self) -> str | None:

@@ -23,6 +23,7 @@ from webhook.snapshot import (
     AVAILABLE_ANNOTATION,
     DEFAULTS_ANNOTATION,
     DEPARTMENT_LABEL,
+    RUNAI_MOVE_ANNOTATION,
     RUNAI_PROJECT_ID_LABEL,
     RUNAI_QUEUE_LABEL,
     ClusterSnapshot,
@@ -636,13 +637,21 @@ def _ownership_label_refusals(new: NamespaceInfo, old: NamespaceInfo) -> list[st
     # and moves only marked ones (R4): letting others add or repoint it would make it delete a
     # Run:ai project it does not own. Removing it is allowed: that gives up ownership.
     # (CREATE is not checked, so restoring a namespace from a backup keeps working.)
+    refusals = []
     before, after = old.runai_project_id, new.runai_project_id
     if after is not None and after != before:
-        return [
+        refusals.append(
             f"{RUNAI_PROJECT_ID_LABEL} is set only by this system, on the Run:ai projects it creates; "
             "remove it to give up ownership, but do not add or change it"
-        ]
-    return []
+        )
+    # A department move's intent is also its lock and its recovery record: an edit by anyone else
+    # could make the leader finish or roll back a move that never happened.
+    if old.annotations.get(RUNAI_MOVE_ANNOTATION) != new.annotations.get(RUNAI_MOVE_ANNOTATION):
+        refusals.append(
+            f"{RUNAI_MOVE_ANNOTATION} is written only by this system while it moves the project between "
+            "departments; use the admin move API"
+        )
+    return refusals
 
 
 def _binding_label_warnings(new: NamespaceInfo, old: NamespaceInfo, settings: ClusterSettings) -> list[str]:

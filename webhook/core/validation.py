@@ -17,6 +17,7 @@ from webhook.snapshot import ClusterSnapshot
 
 NOT_BOUND = "RunaiProjectNotBound"
 OVER_QUOTA = "GpuQuotaExceeded"
+MOVING = "ProjectMoving"
 EPSILON = 1e-9  # fractions add up in floating point
 
 
@@ -30,9 +31,7 @@ def gpus_in_use(snapshot: ClusterSnapshot, namespace: str, now: float, exclude: 
     """GPUs held by the namespace's running or waiting non-preemptible pods, plus live reservations
     for pods the cache does not show yet."""
     pods = snapshot.pods.get(namespace, {})
-    used = sum(
-        p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and p.kind in QUOTA_CHECKED_KINDS
-    )
+    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and p.kind in QUOTA_CHECKED_KINDS)
     reservations = snapshot.gpu_reservations.get(namespace, {})
     pending = sum(
         r.gpus for key, r in reservations.items() if key != exclude and key not in pods and r.expires_at > now
@@ -50,6 +49,13 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
     if target is None or not settings.run_ai_enable:
         return Decision.allow()
     ns = target.namespace
+    if ns.moving:
+        # Between the delete and the create of a move, no Run:ai project governs the namespace.
+        return Decision.deny(
+            f"project {ns.name} is moving to another department; its workloads start once the move is done",
+            code=409,
+            reason=MOVING,
+        )
     if ns.runai_queue is None:
         return Decision.deny(
             f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",

@@ -45,6 +45,7 @@ from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     DEPARTMENT_LABEL,
     PROJECT_LABEL,
+    RUNAI_MOVE_ANNOTATION,
     RUNAI_PROJECT_ID_LABEL,
     RUNAI_QUEUE_LABEL,
     NamespaceInfo,
@@ -53,7 +54,7 @@ from webhook.snapshot import (
 
 log = logging.getLogger(__name__)
 
-MOVE_ANNOTATION = "scheduling.hopsworks.ai/runai-move"
+MOVE_ANNOTATION = RUNAI_MOVE_ANNOTATION
 # Pod phases that block a Run:ai move: deleting the Run:ai project under them would strand them.
 BLOCKING_POD_PHASES = frozenset({"Pending", "Running", "Unknown"})
 MAX_LISTED_PODS = 10
@@ -94,7 +95,7 @@ def rollback_text(project: str, department: str) -> str:
 
 def move_in_progress(ns: NamespaceInfo) -> bool:
     """True while a department move owns the namespace's Run:ai project (binders must keep off)."""
-    return MOVE_ANNOTATION in ns.annotations
+    return ns.moving
 
 
 # -- errors ------------------------------------------------------------------------------------
