@@ -59,8 +59,7 @@ class PodPatch:
                 continue
             if isinstance(meta, Mapping) and isinstance(meta.get(name), Mapping):
                 ops.extend(
-                    {"op": "add", "path": f"/metadata/{name}/{escape(k)}", "value": v}
-                    for k, v in values.items()
+                    {"op": "add", "path": f"/metadata/{name}/{escape(k)}", "value": v} for k, v in values.items()
                 )
             else:
                 ops.append({"op": "add", "path": f"/metadata/{name}", "value": dict(values)})
