@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,12 +55,18 @@ class FakeBinder:
     kube: KubeApi
     reachable: bool = True
     calls: list[str] = field(default_factory=list)
+    # Like `Binder.ensure_bound`: put the namespace in this cache itself and return a result object.
+    updates: ClusterState | None = None
 
-    async def __call__(self, ns: str) -> Mapping[str, Any] | None:
+    async def __call__(self, ns: str) -> object:
         self.calls.append(ns)
         if not self.reachable:
             raise RunaiUnreachable("Run:ai control plane at http://127.0.0.1:9 did not answer within 3s")
-        return await self.kube.patch_namespace(ns, {"metadata": {"labels": {"runai/queue": ns}}}, path="request")
+        obj = await self.kube.patch_namespace(ns, {"metadata": {"labels": {"runai/queue": ns}}}, path="request")
+        if self.updates is None:
+            return obj
+        self.updates.apply({**obj, "kind": "Namespace"})
+        return ("created", ns)
 
 
 @dataclass
@@ -275,6 +281,15 @@ async def test_unbound_project_is_bound_on_first_start_then_reserved(
     assert a.binder.calls == ["nlp"]
 
 
+async def test_a_binder_that_updates_the_cache_itself_is_seen_at_once(
+    kube: KubeEmulator, replicas: Callable[..., Any]
+) -> None:
+    (a,) = await replicas(1, deserved=1)
+    a.binder.updates = a.state
+    assert (await a.handler(notebook("uid-1", ns="nlp"))).allowed
+    assert set(stored(kube, "nlp")) == {"uid-1"}
+
+
 async def test_unbound_project_with_runai_unreachable_is_refused(
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
@@ -283,6 +298,7 @@ async def test_unbound_project_with_runai_unreachable_is_refused(
     decision = await a.handler(notebook("uid-1", ns="nlp"))
     assert not decision.allowed and decision.reason == RUNAI_UNREACHABLE and decision.code == 503
     assert "not bound to a Run:ai project yet" in decision.message
+    assert "Run:ai control plane at http://127.0.0.1:9 did not answer" in decision.message
     assert "unreachable" in decision.message and "Try again later" in decision.message
     assert writes(kube) == 0
     # Jobs too: nothing starts outside Run:ai's governance (R2).

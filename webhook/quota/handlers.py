@@ -32,9 +32,10 @@ from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
 
-# Binds a project namespace to Run:ai (on the request path) and returns the namespace object as
-# the API server has it afterwards, or None. Raises when Run:ai is unreachable.
-Bind = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+# Binds a project namespace to Run:ai on the request path; raises with a clear message when it
+# cannot (Run:ai unreachable). When it returns the namespace object (a dict), the handler puts it
+# in the cache; anything else (e.g. `Binder.ensure_bound`'s result) means the binder did that.
+Bind = Callable[[str], Awaitable[object]]
 # (resource plural, namespace, name) -> the object, or None when it cannot be read.
 ReadWorkload = Callable[[str, str, str], Awaitable[Mapping[str, Any] | None]]
 RUNAI_UNREACHABLE = "RunaiUnreachable"
@@ -68,8 +69,9 @@ def validate_pods_handler(
             except Exception as exc:
                 log.warning("binding %s to Run:ai on admission failed: %s", namespace, exc)
                 return Decision.deny(
-                    f"project namespace {namespace} is not bound to a Run:ai project yet and the Run:ai control "
-                    f"plane is unreachable ({exc}); its workloads cannot start until it is bound. Try again later",
+                    f"project namespace {namespace} is not bound to a Run:ai project yet and cannot be bound now: "
+                    f"{exc}. The Run:ai control plane is unreachable or refused; its workloads cannot start until "
+                    "the project is bound. Try again later",
                     code=503,
                     reason=RUNAI_UNREACHABLE,
                 )
