@@ -67,7 +67,9 @@ def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
     """(apiVersion, request dict). Raises BadReview with a reason a human can act on."""
     try:
         raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
+        # JSONDecodeError, UnicodeDecodeError, and the plain ValueError of an integer literal past
+        # Python's digit limit (CVE-2020-10735): all a bad body, never a 500.
         raise BadReview(f"body is not JSON: {exc}") from None
     except RecursionError:
         raise BadReview("body is nested too deeply") from None

@@ -58,7 +58,8 @@ def _map(value: Any) -> Mapping[str, Any]:
 def request_namespace(request: Mapping[str, Any]) -> str:
     obj = request.get("object") or request.get("oldObject") or {}
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return request.get("namespace") or (meta or {}).get("namespace") or ""
+    namespace = request.get("namespace") or (meta.get("namespace") if isinstance(meta, Mapping) else None)
+    return namespace if isinstance(namespace, str) else ""  # the object is not schema-checked yet
 
 
 def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarget | None:
