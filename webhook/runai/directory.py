@@ -1,0 +1,255 @@
+"""What Run:ai knows, refreshed on a timer on every replica: cluster id, departments, projects.
+
+The request path never calls Run:ai for the quota check; it reads `snapshot.runai_projects`, which
+this module publishes after each refresh. A failed refresh publishes None: the quota check is then
+skipped for bound projects (Run:ai enforces the quota when it schedules), as the seed asks. With
+`run_ai_enable` off no call is made at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from webhook.runai.client import RunaiClient, RunaiError
+from webhook.runai.models import Cluster, Department, NodePool, Project
+from webhook.snapshot import RunaiProjectInfo
+from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+ClientProvider = Callable[[], RunaiClient | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryView:
+    """One consistent refresh result (replaced as a whole, never mutated)."""
+
+    cluster: Cluster
+    departments: tuple[Department, ...]
+    projects: tuple[Project, ...]
+    default_node_pool: NodePool | None
+    refreshed_at: float  # epoch seconds
+
+    def department_by_id(self, department_id: str | None) -> Department | None:
+        return next((d for d in self.departments if d.id == department_id), None)
+
+    def department_by_name(self, name: str) -> Department | None:
+        return next((d for d in self.departments if d.name == name), None)
+
+
+class RunaiDirectory:
+    """Timed refresh of Run:ai's org units, published into the cluster snapshot.
+
+    `start()` refreshes at once and then every `interval_s`; `refresh_now()` refreshes on demand
+    (the reconciler does before each pass). Readers: `view`, `reachable`, `department_names()`,
+    `project_for_namespace()`, `cluster_id`.
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        client: ClientProvider,
+        *,
+        interval_s: float = 15.0,
+        cluster_name: str | None = None,
+    ) -> None:
+        self.state = state
+        self._client = client
+        self.interval_s = interval_s
+        self.cluster_name = cluster_name
+        self.view: DirectoryView | None = None
+        # None: never tried (or Run:ai is off); True/False: outcome of the last refresh.
+        self.reachable: bool | None = None
+        self.last_error: str | None = None
+        # Called (synchronously, cheap) after every refresh with the new `reachable` value.
+        self.listeners: list[Callable[[bool | None], None]] = []
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="runai-directory")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def poke(self) -> None:
+        """Refresh soon, without waiting for it (settings changed, a binder created a project)."""
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_now()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not stop the refreshes for good
+                log.exception("Run:ai directory refresh failed unexpectedly")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+
+    # -- refresh ------------------------------------------------------------------------------
+    async def refresh_now(self) -> bool:
+        """Refresh now; True when Run:ai answered (False when it did not or the integration is off)."""
+        async with self._lock:
+            return await self._refresh()
+
+    async def _refresh(self) -> bool:
+        client = self._client() if self.state.settings.run_ai_enable else None
+        if client is None:
+            # Off: forget everything, call nothing. Admission skips Run:ai entirely when off.
+            self.view = None
+            self.reachable = None
+            self.last_error = None
+            self.state.snapshot().runai_projects = None
+            self._notify()
+            return False
+        try:
+            cluster = await client.get_cluster(self.cluster_name, call_path="background")
+            departments = await client.list_departments(cluster_id=cluster.uuid, call_path="background")
+            projects = await client.list_projects(cluster_id=cluster.uuid, call_path="background")
+            pool = await client.default_node_pool(cluster.uuid, call_path="background")
+        except RunaiError as exc:
+            if self.reachable is not False:
+                log.warning("Run:ai directory refresh failed: %s", exc)
+            self.reachable = False
+            self.last_error = str(exc)
+            # Stale quota numbers would refuse or admit on old data; None means "not checked".
+            self.state.snapshot().runai_projects = None
+            self._notify()
+            return False
+        if not self.state.settings.run_ai_enable:
+            return False  # turned off while we were asking: do not publish
+        self.view = DirectoryView(cluster, tuple(departments), tuple(projects), pool, time.time())
+        self.reachable = True
+        self.last_error = None
+        self.state.snapshot().runai_projects = self._by_namespace(self.view)
+        self._notify()
+        return True
+
+    def _notify(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self.reachable)
+            except Exception:
+                log.exception("Run:ai directory listener failed")
+
+    def _by_namespace(self, view: DirectoryView) -> dict[str, RunaiProjectInfo]:
+        by_name = {p.name: p for p in view.projects}
+        out: dict[str, RunaiProjectInfo] = {}
+        # The namespace's runai/queue label is what binds it (also for projects adopted by name).
+        for ns in self.state.namespaces.values():
+            queue = ns.runai_queue
+            if queue and queue in by_name:
+                out[ns.name] = self.info(by_name[queue], ns.name, view)
+        for project in view.projects:
+            for namespace in (project.requested_namespace, project.namespace):
+                if namespace and namespace not in out:
+                    out[namespace] = self.info(project, namespace, view)
+        return out
+
+    @staticmethod
+    def info(project: Project, namespace: str, view: DirectoryView | None) -> RunaiProjectInfo:
+        """The snapshot record of `project`: quota and usage on the default node pool."""
+        pool = view.default_node_pool if view is not None else None
+        department = view.department_by_id(project.parent_id) if view is not None else None
+        if pool is not None:
+            quota = project.quota_on(pool.name)
+            deserved = quota.deserved if quota is not None else 0.0
+            limit = quota.limit if quota is not None else None
+            allocated = project.usage_on(pool.name).allocated
+        else:  # no pool marked default: the project's totals are the best we have
+            deserved, limit, allocated = project.gpu_quota, None, project.usage.allocated
+        if limit is not None and limit < 0:
+            limit = None  # -1 means no limit
+        return RunaiProjectInfo(
+            id=project.id,
+            name=project.name,
+            namespace=namespace,
+            department_id=project.parent_id or "",
+            department_name=department.name if department is not None else "",
+            deserved_gpus=deserved,
+            limit_gpus=limit,
+            allocated_gpus=allocated,
+        )
+
+    def note_project(self, namespace: str, project: Project) -> None:
+        """A binder just bound `namespace` to `project`: publish it before the next refresh."""
+        current = self.state.snapshot().runai_projects
+        if current is None or self.view is None:
+            return  # unreachable or never refreshed: nothing is published, so nothing to amend
+        self.view = DirectoryView(
+            self.view.cluster,
+            self.view.departments,
+            (*(p for p in self.view.projects if p.id != project.id), project),
+            self.view.default_node_pool,
+            self.view.refreshed_at,
+        )
+        self.state.snapshot().runai_projects = {**current, namespace: self.info(project, namespace, self.view)}
+
+    def forget_project(self, project_id: str) -> None:
+        """A binder deleted a project: stop publishing it."""
+        current = self.state.snapshot().runai_projects
+        if current is not None:
+            self.state.snapshot().runai_projects = {ns: p for ns, p in current.items() if p.id != project_id}
+        if self.view is not None:
+            self.view = DirectoryView(
+                self.view.cluster,
+                self.view.departments,
+                tuple(p for p in self.view.projects if p.id != project_id),
+                self.view.default_node_pool,
+                self.view.refreshed_at,
+            )
+
+    def invalidate(self) -> None:
+        """The client changed (another control plane, other credentials): drop what the old one said."""
+        self.view = None
+        self.reachable = None
+        self.state.snapshot().runai_projects = None
+        self.poke()
+
+    # -- readers ------------------------------------------------------------------------------
+    @property
+    def cluster_id(self) -> str | None:
+        return self.view.cluster.uuid if self.view is not None else None
+
+    @property
+    def departments(self) -> tuple[Department, ...]:
+        return self.view.departments if self.view is not None else ()
+
+    @property
+    def projects(self) -> tuple[Project, ...]:
+        return self.view.projects if self.view is not None else ()
+
+    def department_names(self) -> frozenset[str] | None:
+        """Names of Run:ai's departments in our cluster; None when not known (off or unreachable)."""
+        if self.view is None or not self.reachable:
+            return None
+        return frozenset(d.name for d in self.view.departments)
+
+    def project_for_namespace(self, namespace: str) -> Project | None:
+        """The Run:ai project `namespace` is bound to, as of the last refresh."""
+        if self.view is None:
+            return None
+        ns = self.state.namespaces.get(namespace)
+        queue = ns.runai_queue if ns is not None else None
+        if queue:
+            named = next((p for p in self.view.projects if p.name == queue), None)
+            if named is not None:
+                return named
+        return next((p for p in self.view.projects if p.bound_to(namespace)), None)
+
+    def projects_by_namespace(self) -> Mapping[str, RunaiProjectInfo] | None:
+        return self.state.snapshot().runai_projects
