@@ -1,0 +1,170 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, against the Kubernetes API emulator over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from tests.support.https import wait_until
+from tests.support.kube_emulator import KubeEmulator
+from webhook.leader import LeaderElector, LeaseTiming
+from webhook.metrics import REGISTRY
+
+NS = "hopsworks"
+LEASE = "scheduling-webhook-leader"
+TIMING = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.1, request_timeout_s=1.0)
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emulator:
+        emulator.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield emulator
+
+
+class Candidate:
+    """One process campaigning: its own API client, an elector, and work that records its life."""
+
+    def __init__(self, kube: KubeEmulator, identity: str) -> None:
+        self.api: ApiClient = kube.api_client()
+        self.working = False
+        self.work_started = 0
+        self.work_cancelled = 0
+        self.elector = LeaderElector(
+            self.api, NS, LEASE, identity=identity, timing=TIMING, on_started_leading=self.work
+        )
+
+    async def work(self) -> None:
+        self.working = True
+        self.work_started += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.working = False
+            self.work_cancelled += 1
+
+    async def start(self) -> Candidate:
+        await self.elector.start()
+        return self
+
+    async def stop(self, release: bool = True) -> None:
+        await self.elector.stop(release=release)
+        await self.api.close()
+
+
+@pytest.fixture
+async def candidates(kube: KubeEmulator) -> AsyncIterator[list[Candidate]]:
+    made: list[Candidate] = []
+    yield made
+    for c in made:
+        await c.stop()
+
+
+def lease(kube: KubeEmulator) -> dict[str, Any]:
+    obj = kube.get_object("Lease", LEASE, NS)
+    assert obj is not None
+    return obj["spec"]
+
+
+async def test_two_electors_exactly_one_leader(kube: KubeEmulator, candidates: list[Candidate]) -> None:
+    a, b = Candidate(kube, "a"), Candidate(kube, "b")
+    candidates += [a, b]
+    await asyncio.gather(a.start(), b.start())
+    await wait_until(lambda: a.elector.is_leader or b.elector.is_leader, within=3, what="a leader")
+    # Watch several renew periods: never two leaders, never two running works.
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert not (a.elector.is_leader and b.elector.is_leader)
+        assert a.working + b.working <= 1
+        await asyncio.sleep(0.02)
+    leader = a if a.elector.is_leader else b
+    assert lease(kube)["holderIdentity"] == leader.elector.identity
+    assert leader.working and leader.work_started == 1
+    assert lease(kube)["leaseDurationSeconds"] == 1
+
+
+async def test_lease_calls_are_counted_as_background(kube: KubeEmulator, candidates: list[Candidate]) -> None:
+    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "background"})
+    a = await Candidate(kube, "a").start()
+    candidates.append(a)
+    await wait_until(lambda: a.elector.is_leader, within=3, what="leader")
+    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "background"})
+    assert (after or 0) - (before or 0) >= 2  # a read and a create at least
+    assert kube.calls("GET", "/apis/coordination.k8s.io/v1/namespaces/hopsworks/leases/")
+
+
+async def test_graceful_stop_hands_over_quickly(kube: KubeEmulator, candidates: list[Candidate]) -> None:
+    a = await Candidate(kube, "a").start()
+    await wait_until(lambda: a.elector.is_leader, within=3, what="a leads")
+    b = await Candidate(kube, "b").start()
+    candidates.append(b)
+    await asyncio.sleep(0.3)  # b has observed a's live lease (setup, not an assertion)
+    assert not b.elector.is_leader
+    transitions = lease(kube)["leaseTransitions"]
+    stopped = time.monotonic()
+    await a.stop(release=True)
+    assert not a.working and a.work_cancelled == 1
+    assert lease(kube)["holderIdentity"] in ("", "b")
+    await wait_until(lambda: b.elector.is_leader, within=3, what="b takes over")
+    # Released: b need not wait for the 1 s lease to expire.
+    assert time.monotonic() - stopped < TIMING.lease_duration_s
+    assert lease(kube)["holderIdentity"] == "b"
+    assert lease(kube)["leaseTransitions"] == transitions + 1
+
+
+async def test_killed_leader_is_taken_over_after_lease_expiry(kube: KubeEmulator, candidates: list[Candidate]) -> None:
+    a = await Candidate(kube, "a").start()
+    await wait_until(lambda: a.elector.is_leader, within=3, what="a leads")
+    b = await Candidate(kube, "b").start()
+    candidates.append(b)
+    await asyncio.sleep(0.3)
+    transitions = lease(kube)["leaseTransitions"]
+    killed = time.monotonic()
+    await a.stop(release=False)  # the task dies, the Lease still names a
+    assert lease(kube)["holderIdentity"] == "a"
+    await wait_until(lambda: b.elector.is_leader, within=4, what="b takes over")
+    took = time.monotonic() - killed
+    assert took >= TIMING.lease_duration_s * 0.9, took  # not before the lease expired
+    assert lease(kube)["holderIdentity"] == "b"
+    assert lease(kube)["leaseTransitions"] == transitions + 1
+
+
+async def test_losing_the_lease_stops_the_work_at_once(kube: KubeEmulator, candidates: list[Candidate]) -> None:
+    a = await Candidate(kube, "a").start()
+    candidates.append(a)
+    await wait_until(lambda: a.elector.is_leader and a.working, within=3, what="a leads")
+    # The API server stops accepting lease updates: a cannot renew.
+    kube.fail_next(10_000, 500, path_prefix="/apis/coordination.k8s.io", method="PUT")
+    failed_at = time.monotonic()
+    await wait_until(lambda: not a.working, within=3, what="work cancelled")
+    assert time.monotonic() - failed_at < TIMING.renew_deadline_s + TIMING.retry_period_s * 3
+    assert not a.elector.is_leader and a.work_cancelled == 1
+    # Renewals possible again: a (still campaigning) leads again.
+    kube.clear_faults()
+    await wait_until(lambda: a.elector.is_leader and a.working, within=4, what="a leads again")
+    assert a.work_started == 2
+
+
+async def test_another_holder_taking_the_lease_demotes_the_leader(
+    kube: KubeEmulator, candidates: list[Candidate]
+) -> None:
+    a = await Candidate(kube, "a").start()
+    candidates.append(a)
+    await wait_until(lambda: a.elector.is_leader, within=3, what="a leads")
+    current = kube.get_object("Lease", LEASE, NS)
+    assert current is not None
+    current["spec"]["holderIdentity"] = "intruder"
+    current["spec"]["leaseDurationSeconds"] = 30
+    kube.put_object(current)  # the intruder's write wins (a's next PUT conflicts or sees it)
+    await wait_until(lambda: not a.working, within=2, what="a steps down")
+    assert lease(kube)["holderIdentity"] == "intruder"
+
+
+def test_timing_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="retry_period_s < renew_deadline_s < lease_duration_s"):
+        LeaseTiming(lease_duration_s=1, renew_deadline_s=2, retry_period_s=0.1)
