@@ -1,0 +1,317 @@
+"""The leader's background pass: bind project namespaces, let go of deleted ones, report drift.
+
+Runs only while this process holds the Lease (`LeaderElector.on_started_leading`), and is
+cancelled the moment it does not. Work comes from two sources:
+
+- a full pass at start and every `run_ai_reconcile_interval_s` (read from the settings each time):
+  every project namespace that is neither bound nor terminating is bound, every terminating one
+  with our finalizer is let go, and bound ones are checked for department drift;
+- namespace watch events (ClusterState listeners): a new project namespace or a deletion is
+  queued and handled within moments. The listener only queues; remote work happens here.
+
+Run:ai unreachable: the pass stops early and retries with exponential backoff (capped by the
+interval), and at once when the directory sees Run:ai answer again. Nothing here blocks the
+creation of a project namespace: binding is always after the fact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.runai.binding import (
+    BINDING_ANNOTATION,
+    FINALIZER,
+    Binder,
+    BindingBusy,
+    BindingError,
+    BindingUnavailable,
+    EventRecorder,
+    RunaiDisabled,
+    expected_department,
+)
+from webhook.runai.directory import RunaiDirectory
+from webhook.snapshot import NamespaceInfo
+from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+DRIFT_REASON = "RunaiDepartmentDrift"
+
+
+@dataclass(slots=True)
+class PassReport:
+    bound: list[str] = field(default_factory=list)
+    unbound: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    drift: dict[str, tuple[str, str]] = field(default_factory=dict)  # namespace -> (actual, expected)
+    unavailable: bool = False  # Run:ai did not answer: the pass stopped early
+
+
+class Reconciler:
+    def __init__(
+        self,
+        state: ClusterState,
+        binder: Binder,
+        directory: RunaiDirectory,
+        events: EventRecorder,
+        *,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ) -> None:
+        self.state = state
+        self.binder = binder
+        self.directory = directory
+        self.events = events
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.passes = 0  # full passes completed (tests and metrics read it)
+        self.last_report: PassReport | None = None
+        self._queue: dict[str, None] = {}  # ordered set of namespaces to look at
+        self._wake = asyncio.Event()
+        self._failures = 0
+        self._retry_at = 0.0  # monotonic: no Run:ai work before this (backoff)
+        self._next_pass = 0.0  # monotonic
+
+    # -- event intake (synchronous, no I/O) ----------------------------------------------------
+    def on_cluster_event(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind != "Namespace" or event != "apply":
+            return
+        info = NamespaceInfo.from_object(obj)
+        finalizers = (obj.get("metadata") or {}).get("finalizers") or ()
+        if (info.deleting and FINALIZER in finalizers) or (
+            info.is_project and not info.deleting and not info.runai_queue
+        ):
+            self.enqueue(info.name)
+
+    def on_directory_refresh(self, reachable: bool | None) -> None:
+        if reachable and self._failures:
+            # Run:ai answers again: retry now, not at the end of the backoff.
+            self._retry_at = 0.0
+            self._next_pass = 0.0
+            self._wake.set()
+
+    def enqueue(self, namespace: str) -> None:
+        self._queue[namespace] = None
+        self._wake.set()
+
+    def trigger_pass(self) -> None:
+        """Run a full pass soon (settings changed)."""
+        self._next_pass = 0.0
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Until cancelled (leadership lost or stopping)."""
+        self.state.listeners.append(self.on_cluster_event)
+        self.directory.listeners.append(self.on_directory_refresh)
+        self._next_pass = 0.0
+        try:
+            while True:
+                self._wake.clear()
+                now = time.monotonic()
+                if now >= self._retry_at and (now >= self._next_pass or self._queue):
+                    try:
+                        if now >= self._next_pass:
+                            await self._full_pass()
+                        else:
+                            await self._drain_queue()
+                    except Exception:  # e.g. the Kubernetes API failing: retry later, keep leading
+                        log.exception("reconcile step failed")
+                        self._next_pass = max(self._next_pass, now + self.backoff_initial_s)
+                        self._backoff()
+                    continue
+                due = max(self._retry_at, now if self._queue else self._next_pass)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, due - now))
+        finally:
+            with contextlib.suppress(ValueError):
+                self.state.listeners.remove(self.on_cluster_event)
+            with contextlib.suppress(ValueError):
+                self.directory.listeners.remove(self.on_directory_refresh)
+
+    def _interval(self) -> float:
+        return float(self.state.settings.run_ai_reconcile_interval_s)
+
+    def _backoff(self) -> None:
+        self._failures += 1
+        ceiling = min(self.backoff_max_s, self._interval(), self.backoff_initial_s * 2 ** (self._failures - 1))
+        self._retry_at = time.monotonic() + random.uniform(ceiling / 2, ceiling)
+
+    def _recovered(self) -> None:
+        self._failures = 0
+        self._retry_at = 0.0
+
+    # -- a full pass ---------------------------------------------------------------------------
+    async def pass_once(self) -> PassReport:
+        """One full pass now (also what the timer runs)."""
+        report = PassReport()
+        self._queue.clear()  # the pass covers everything queued so far
+        enabled = self.state.settings.run_ai_enable
+        for info in list(self.state.namespaces.values()):
+            if info.deleting:
+                await self._let_go(info.name, report)
+                if report.unavailable:
+                    break
+        if enabled and not report.unavailable:
+            reachable = await self.directory.refresh_now()
+            if not reachable and self.state.settings.run_ai_enable:
+                report.unavailable = True
+            else:
+                for info in list(self.state.namespaces.values()):
+                    if info.is_project and not info.deleting and not info.runai_queue:
+                        await self._bind(info.name, report)
+                        if report.unavailable:
+                            break
+                if not report.unavailable:
+                    self._check_drift(report)
+        self.last_report = report
+        return report
+
+    async def _full_pass(self) -> None:
+        report = await self.pass_once()
+        self.passes += 1
+        if report.unavailable:
+            self._backoff()
+            self._next_pass = self._retry_at  # the pass stopped early: run it again after the backoff
+        else:
+            self._recovered()
+            self._next_pass = time.monotonic() + self._interval()
+        if report.bound or report.unbound or report.failed or report.unavailable:
+            log.info(
+                "reconcile pass: bound %d, let go %d, failed %d%s",
+                len(report.bound),
+                len(report.unbound),
+                len(report.failed),
+                ", Run:ai unreachable" if report.unavailable else "",
+            )
+
+    async def _drain_queue(self) -> None:
+        report = PassReport()
+        while self._queue and not report.unavailable:
+            namespace = next(iter(self._queue))
+            del self._queue[namespace]
+            info = self.state.namespaces.get(namespace)
+            if info is None:
+                continue
+            if info.deleting:
+                await self._let_go(namespace, report)
+            elif info.is_project and not info.runai_queue and self.state.settings.run_ai_enable:
+                await self._bind(namespace, report)
+            if report.unavailable:
+                self._queue[namespace] = None  # keep it for the retry
+        if report.unavailable:
+            self._backoff()
+        elif report.bound or report.unbound:
+            self._recovered()
+
+    # -- one namespace -------------------------------------------------------------------------
+    async def _bind(self, namespace: str, report: PassReport) -> None:
+        try:
+            result = await self.binder.ensure_bound(namespace, "background")
+        except BindingBusy as exc:
+            # Another binder is at it; look again soon, without counting it as Run:ai being down.
+            log.info("%s", exc)
+            report.failed[namespace] = str(exc)
+            self._queue[namespace] = None
+            self._retry_at = max(self._retry_at, time.monotonic() + self.backoff_initial_s)
+        except BindingUnavailable as exc:
+            report.unavailable = True
+            report.failed[namespace] = str(exc)
+            self.events.record(namespace, "RunaiBindingFailed", str(exc), warning=True)
+        except RunaiDisabled:
+            pass  # turned off mid-pass
+        except BindingError as exc:
+            report.failed[namespace] = str(exc)
+            log.warning("binding %s failed: %s", namespace, exc)
+            self.events.record(namespace, "RunaiBindingFailed", str(exc), warning=True)
+        except Exception as exc:  # a bug or an unforeseen answer: one namespace must not stop the pass
+            log.exception("binding %s failed unexpectedly", namespace)
+            report.failed[namespace] = f"{type(exc).__name__}: {exc}"
+        else:
+            if result.outcome != "already":
+                report.bound.append(namespace)
+
+    async def _let_go(self, namespace: str, report: PassReport) -> None:
+        info = self.state.namespaces.get(namespace)
+        if info is None or not info.deleting:
+            return
+        if not self.state.settings.run_ai_enable:
+            await self._let_go_while_off(info, report)
+            return
+        try:
+            result = await self.binder.unbind_deleted(namespace)
+        except BindingUnavailable as exc:
+            report.unavailable = True
+            report.failed[namespace] = str(exc)
+            self.events.record(namespace, "RunaiUnbindDeferred", str(exc), warning=True)
+        except RunaiDisabled:
+            pass
+        except BindingError as exc:
+            report.failed[namespace] = str(exc)
+            self.events.record(namespace, "RunaiUnbindFailed", str(exc), warning=True)
+        except Exception as exc:
+            log.exception("letting go of %s failed unexpectedly", namespace)
+            report.failed[namespace] = f"{type(exc).__name__}: {exc}"
+        else:
+            if result.finalizer_removed:
+                report.unbound.append(namespace)
+                self.events.forget(namespace)
+
+    async def _let_go_while_off(self, info: NamespaceInfo, report: PassReport) -> None:
+        # Run:ai is off, so we may not call it (the seed: turning it off stops every call).
+        # Removing the finalizer would leak a Run:ai project we created, bound to a namespace
+        # name that can come back; keeping it holds up the deletion. We keep it only while the
+        # namespace still says we created something (the project-id label, or an unfinished
+        # intent), and say so in an Event: the seed's way out of Run:ai is to delete the projects
+        # in Run:ai and remove those labels, which releases the namespace here; turning Run:ai
+        # back on deletes the project and releases it too. Adopted or never-bound namespaces
+        # have nothing of ours in Run:ai and are released at once.
+        if info.runai_project_id or BINDING_ANNOTATION in info.annotations:
+            project = info.runai_project_id or "(creation unfinished)"
+            message = (
+                f"namespace deletion waits: this system created the Run:ai project {project} for it, and "
+                "run_ai_enable is false, so it does not call Run:ai to delete it. Turn Run:ai back on, or "
+                f"delete the project in Run:ai and remove the label hopsworks.ai/runai-project-id and "
+                f"the annotation {BINDING_ANNOTATION} from the namespace"
+            )
+            self.events.record(info.name, "RunaiUnbindDeferred", message, warning=True)
+            return
+        if await self.binder.release_finalizer(info.name):
+            report.unbound.append(info.name)
+
+    # -- drift ---------------------------------------------------------------------------------
+    def _check_drift(self, report: PassReport) -> None:
+        names = self.directory.department_names()
+        view = self.directory.view
+        if names is None or view is None:
+            return
+        default = self.state.settings.run_ai_default_department
+        for info in self.state.namespaces.values():
+            if not info.is_project or info.deleting or not info.runai_queue:
+                continue
+            project = self.directory.project_for_namespace(info.name)
+            if project is None:
+                continue
+            department = view.department_by_id(project.parent_id)
+            actual = department.name if department is not None else str(project.parent_id)
+            expected = expected_department(info.department, names, default)
+            if actual == expected:
+                self.events.forget(info.name, DRIFT_REASON)
+                continue
+            report.drift[info.name] = (actual, expected)
+            owner = (
+                "created by this system" if info.runai_project_id else "adopted; a Run:ai administrator must move it"
+            )
+            self.events.record(
+                info.name,
+                DRIFT_REASON,
+                f"the Run:ai project {project.name} is in department {actual}, expected {expected} ({owner})",
+                warning=True,
+            )
