@@ -1,0 +1,772 @@
+"""Run:ai binding (R1, R2, R4 and the seed's "Operational dependency"), end to end on real parts.
+
+Each replica is what `serve` runs: watch-fed caches from the Kubernetes API emulator (real client
+over HTTP), and the Run:ai integration (directory, Lease, binder, reconciler) talking to the Run:ai
+stand-in over HTTP; every Run:ai request and answer is checked against runai-openapi.json.
+Test names quote the seed sentence they prove.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from tests.support.cluster import namespace, settings_configmap
+from tests.support.https import wait_until
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.runai_standin import RunaiStandin
+from webhook.core.validation import validate_pod
+from webhook.kubeapi import KubeApi
+from webhook.leader import LeaseTiming
+from webhook.metrics import REGISTRY
+from webhook.runai.binding import (
+    BINDING_ANNOTATION,
+    FINALIZER,
+    BindingError,
+    BindingUnavailable,
+    RunaiDisabled,
+)
+from webhook.runai.client import ClientOptions
+from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
+from webhook.state.kube import KubeWatcher, WatchTiming
+from webhook.state.store import ClusterState
+
+INSTALL_NS = "hopsworks"
+SECRET = "binding-test-secret"
+QUEUE = "runai/queue"
+PROJECT_ID = "hopsworks.ai/runai-project-id"
+FAST_CLIENT = ClientOptions(
+    timeout_s=1.0, connect_timeout_s=0.3, retries=1, backoff_s=0.02, backoff_max_s=0.05, deadline_s=2.0
+)
+FAST_WATCH = WatchTiming(watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1)
+LEASE = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.1, request_timeout_s=1.0)
+
+
+# ---- harness -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    async with KubeEmulator() as emulator:
+        emulator.create_object(namespace(INSTALL_NS, project=False))
+        yield emulator
+
+
+@pytest.fixture
+async def runai() -> AsyncIterator[RunaiStandin]:
+    async with RunaiStandin(client_secret=SECRET) as standin:
+        yield standin
+        assert not standin.violations, "\n\n".join(str(v) for v in standin.violations)
+
+
+@pytest.fixture
+def secret_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "runai-secret"
+    directory.mkdir()
+    (directory / "clientSecret").write_text(SECRET + "\n")
+    return directory
+
+
+def put_settings(kube: KubeEmulator, runai: RunaiStandin, **overrides: Any) -> None:
+    flat: dict[str, Any] = {
+        "run_ai_enable": True,
+        "run_ai_url": runai.url,
+        "run_ai_client_id": runai.client_id,
+        "run_ai_client_secret_name": "runai-hopsworks",
+        "run_ai_client_secret_key": "clientSecret",
+        "run_ai_reconcile_interval_s": 30,
+        **overrides,
+    }
+    kube.put_object(settings_configmap(INSTALL_NS, **flat))
+
+
+class Replica:
+    """One `serve` process: its own API client, caches fed by watches, and the Run:ai integration."""
+
+    def __init__(self, kube: KubeEmulator, secret_dir: Path, identity: str, **options: Any) -> None:
+        self.kube = kube
+        self.identity = identity
+        self.secret_dir = secret_dir
+        self.options = IntegrationOptions(
+            install_namespace=INSTALL_NS,
+            identity=identity,
+            lease=LEASE,
+            refresh_interval_s=options.pop("refresh_interval_s", 0.2),
+            claim_ttl_s=options.pop("claim_ttl_s", 5.0),
+            backoff_initial_s=0.05,
+            backoff_max_s=0.3,
+            settings_check_s=0.2,
+            client_close_grace_s=0.1,
+            **options,
+        )
+        self.api: ApiClient | None = None
+        self.state = ClusterState(INSTALL_NS)
+        self.integration: RunaiIntegration | None = None
+        self.watcher: KubeWatcher | None = None
+
+    async def start(self) -> Replica:
+        self.api = self.kube.api_client()
+        self.watcher = KubeWatcher(self.state, self.api, INSTALL_NS, pods=False, local_queues=False, timing=FAST_WATCH)
+        await self.watcher.start()
+        assert await self.watcher.wait_synced(5)
+        factory = client_factory(self.secret_dir, FAST_CLIENT)
+        self.integration = await RunaiIntegration.start(
+            self.state, self.api, KubeApi(self.api, INSTALL_NS), factory, self.options
+        )
+        return self
+
+    @property
+    def runai(self) -> RunaiIntegration:
+        assert self.integration is not None
+        return self.integration
+
+    async def stop(self, release: bool = True) -> None:
+        if self.integration is not None:
+            await self.integration.stop(release_lease=release)
+            self.integration = None
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+        if self.api is not None:
+            await self.api.close()
+            self.api = None
+
+
+@pytest.fixture
+async def replicas(kube: KubeEmulator, secret_dir: Path) -> AsyncIterator[Callable[..., Any]]:
+    made: list[Replica] = []
+
+    async def make(identity: str = "replica-a", **options: Any) -> Replica:
+        replica = await Replica(kube, secret_dir, identity, **options).start()
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        await replica.stop()
+
+
+def ns_labels(kube: KubeEmulator, name: str) -> dict[str, str]:
+    obj = kube.get_object("Namespace", name)
+    return dict((obj or {}).get("metadata", {}).get("labels") or {})
+
+
+def ns_meta(kube: KubeEmulator, name: str) -> dict[str, Any]:
+    obj = kube.get_object("Namespace", name)
+    assert obj is not None, f"namespace {name} is gone"
+    return obj["metadata"]
+
+
+def bound(kube: KubeEmulator, name: str) -> bool:
+    return QUEUE in ns_labels(kube, name)
+
+
+def creates(runai: RunaiStandin, status: int | None = 201) -> list[Any]:
+    return [r for r in runai.calls("POST", "/api/v1/org-unit/projects") if status is None or r.status == status]
+
+
+def events(kube: KubeEmulator, reason: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in kube.objects("Event", INSTALL_NS)
+        if e.get("reason") == reason and (name is None or e["involvedObject"]["name"] == name)
+    ]
+
+
+def projects_named(runai: RunaiStandin, name: str) -> list[dict[str, Any]]:
+    return [p for p in runai.projects.values() if p["name"] == name]
+
+
+def gpu_notebook(ns: str, gpus: int = 1) -> dict[str, Any]:
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "nb", "namespace": ns, "uid": "u1", "labels": {"hopsworks.ai/workload-type": "notebook"}},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": resources}]},
+    }
+    return {
+        "uid": "req-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": ns,
+        "operation": "CREATE",
+        "object": pod,
+        "userInfo": {"username": "alice"},
+    }
+
+
+def remote_calls(target: str, path: str) -> float:
+    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": target, "path": path}) or 0.0
+
+
+# ---- What Hopsworks does: project creation -------------------------------------------------------
+
+
+async def test_project_creation_creates_a_runai_project_named_after_the_namespace_bound_to_it(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("alpha"))
+    await wait_until(lambda: bound(kube, "alpha"), within=5, what="alpha bound")
+    [project] = projects_named(runai, "alpha")
+    assert project["requestedNamespace"] == "alpha"
+    assert ns_labels(kube, "alpha")[QUEUE] == "alpha"
+    assert len(creates(runai, None)) == 1
+
+
+async def test_project_creation_puts_it_in_the_runai_department_of_the_same_name(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    research = runai.add_department("research")
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("beta", labels={"hopsworks.ai/department": "research"}))
+    await wait_until(lambda: bound(kube, "beta"), within=5, what="beta bound")
+    [project] = projects_named(runai, "beta")
+    assert project["parentId"] == research["id"]
+
+
+async def test_project_creation_falls_back_to_the_default_department(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    platform = runai.add_department("platform")
+    put_settings(kube, runai, run_ai_default_department="platform")
+    await replicas()
+    # "marketing" has no Run:ai department of that name: the project goes to run_ai_default_department.
+    kube.create_object(namespace("gamma", labels={"hopsworks.ai/department": "marketing"}))
+    kube.create_object(namespace("delta"))  # no department label at all
+    await wait_until(lambda: bound(kube, "gamma") and bound(kube, "delta"), within=5, what="bound")
+    assert projects_named(runai, "gamma")[0]["parentId"] == platform["id"]
+    assert projects_named(runai, "delta")[0]["parentId"] == platform["id"]
+    assert runai.department("marketing") is None
+
+
+async def test_project_creation_never_creates_runai_departments(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # The configured default department does not exist in Run:ai: binding fails, nothing is created.
+    put_settings(kube, runai, run_ai_default_department="missing")
+    departments_before = set(runai.departments)
+    replica = await replicas()
+    kube.create_object(namespace("epsilon", labels={"hopsworks.ai/department": "nowhere"}))
+    await wait_until(lambda: events(kube, "RunaiBindingFailed", "epsilon"), within=5, what="failure event")
+    message = events(kube, "RunaiBindingFailed", "epsilon")[0]["message"]
+    assert "'missing'" in message and "does not exist in Run:ai" in message
+    with pytest.raises(BindingError, match="does not exist in Run:ai"):
+        await replica.runai.bind_for_admission("epsilon")
+    assert set(runai.departments) == departments_before
+    assert not creates(runai, None)
+    assert not bound(kube, "epsilon")
+    assert {r.path for r in runai.calls("POST")} <= {"/api/v1/token"}
+
+
+async def test_project_creation_adopts_a_runai_project_already_bound_to_the_namespace(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    runai.add_project("legacy-queue", namespace="zeta", gpu_quota=3)
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("zeta"))
+    await wait_until(lambda: bound(kube, "zeta"), within=5, what="zeta bound")
+    labels = ns_labels(kube, "zeta")
+    assert labels[QUEUE] == "legacy-queue"
+    assert PROJECT_ID not in labels  # adopted: belongs to whoever bound it
+    assert FINALIZER not in (ns_meta(kube, "zeta").get("finalizers") or [])
+    assert not creates(runai, None)
+    await wait_until(lambda: events(kube, "RunaiProjectAdopted", "zeta"), within=2, what="adoption event")
+
+
+async def test_project_creation_adopts_a_runai_project_named_after_the_namespace(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    runai.add_project("eta")  # no requestedNamespace: Run:ai gave it runai-eta
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("eta"))
+    await wait_until(lambda: bound(kube, "eta"), within=5, what="eta bound")
+    assert ns_labels(kube, "eta")[QUEUE] == "eta" and PROJECT_ID not in ns_labels(kube, "eta")
+    assert not creates(runai, None)
+
+
+async def test_project_creation_gives_new_runai_projects_the_configured_deserved_gpus(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai, run_ai_project_gpu_quota=2)
+    replica = await replicas()
+    kube.create_object(namespace("theta"))
+    await wait_until(lambda: bound(kube, "theta"), within=5, what="theta bound")
+    [project] = projects_named(runai, "theta")
+    pool = runai.default_node_pool()
+    [resource] = project["resources"]
+    assert resource["gpu"]["deserved"] == 2
+    assert resource["nodePool"]["id"] == pool["id"]  # on the default node pool
+    # Published for admission's quota check right away.
+    published = replica.state.snapshot().runai_projects
+    assert published is not None and published["theta"].deserved_gpus == 2
+
+
+async def test_project_creation_labels_the_namespace_runai_queue_and_runai_project_id(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("iota"))
+    await wait_until(lambda: bound(kube, "iota"), within=5, what="iota bound")
+    [project] = projects_named(runai, "iota")
+    meta = ns_meta(kube, "iota")
+    assert meta["labels"][QUEUE] == "iota"
+    assert meta["labels"][PROJECT_ID] == project["id"]
+    assert FINALIZER in meta["finalizers"]  # a deletion is never missed
+    assert BINDING_ANNOTATION not in (meta.get("annotations") or {})
+    await wait_until(lambda: events(kube, "RunaiProjectCreated", "iota"), within=2, what="created event")
+
+
+async def test_existing_projects_bound_by_the_background_pass(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # Projects that existed before the integration was enabled; the default department is missing
+    # at first, so the pass right after enabling cannot bind them.
+    put_settings(kube, runai, run_ai_enable=False, run_ai_default_department="platform")
+    names = ("old-1", "old-2", "old-3")
+    for name in names:
+        kube.create_object(namespace(name))
+    replica = await replicas()
+    await wait_until(lambda: replica.runai.reconciler.passes >= 1, within=3, what="a pass with Run:ai off")
+    assert not runai.requests
+    put_settings(kube, runai, run_ai_default_department="platform", run_ai_reconcile_interval_s=0.3)
+    await wait_until(lambda: events(kube, "RunaiBindingFailed", "old-3"), within=3, what="first pass failed")
+    versions = {n: ns_meta(kube, n)["resourceVersion"] for n in names}
+    passes = replica.runai.reconciler.passes
+    runai.add_department("platform")
+    # Nothing about the namespaces changes (no watch event): only the timed pass can bind them.
+    await wait_until(lambda: all(bound(kube, n) for n in names), within=3, what="bound by a later pass")
+    assert replica.runai.reconciler.passes > passes
+    assert all(ns_meta(kube, n)["resourceVersion"] != versions[n] for n in names)
+    assert len(creates(runai)) == 3
+
+
+async def test_project_is_bound_on_its_first_workload_start(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # Another process holds the Lease: this replica never reconciles, only admission binds.
+    kube.create_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
+            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
+        }
+    )
+    put_settings(kube, runai)
+    kube.create_object(namespace("kappa"))
+    replica = await replicas()
+    await wait_until(lambda: replica.runai.directory.reachable, within=3, what="directory refreshed")
+    request = gpu_notebook("kappa")
+    first = validate_pod(request, replica.state.snapshot(), time.time())
+    assert not first.allowed and first.reason == "RunaiProjectNotBound"
+    before = remote_calls("runai", "request")
+    result = await replica.runai.bind_for_admission("kappa")
+    assert result.outcome == "created" and bound(kube, "kappa")
+    assert remote_calls("runai", "request") > before  # counted as request-path calls
+    # The cache shows the label at once, so the same admission can now decide.
+    assert replica.state.namespaces["kappa"].runai_queue == "kappa"
+    after = validate_pod(request, replica.state.snapshot(), time.time())
+    assert after.reason == "GpuQuotaExceeded"  # bound now; the quota (0 deserved GPUs) applies
+    assert not replica.runai.leader.is_leader
+
+
+# ---- What Hopsworks does: project deletion -------------------------------------------------------
+
+
+async def test_deleting_a_project_deletes_the_runai_project_hopsworks_created(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("lambda"))
+    await wait_until(lambda: bound(kube, "lambda"), within=5, what="bound")
+    [project] = projects_named(runai, "lambda")
+    kube.delete_object("Namespace", "lambda")
+    await wait_until(lambda: kube.get_object("Namespace", "lambda") is None, within=5, what="namespace gone")
+    assert project["id"] not in runai.projects
+    assert len(runai.calls("DELETE", f"/api/v1/org-unit/projects/{project['id']}")) == 1
+    await wait_until(lambda: events(kube, "RunaiProjectDeleted", "lambda"), within=2, what="deleted event")
+
+
+async def test_deleting_a_project_leaves_an_adopted_runai_project_in_place(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    adopted = runai.add_project("shared-queue", namespace="mu")
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("mu"))
+    await wait_until(lambda: bound(kube, "mu"), within=5, what="bound")
+    kube.delete_object("Namespace", "mu")
+    await wait_until(lambda: kube.get_object("Namespace", "mu") is None, within=5, what="namespace gone")
+    assert adopted["id"] in runai.projects
+    assert not runai.calls("DELETE")
+
+
+async def test_deleting_a_project_with_202_accepted_counts_as_deleted(
+    kube: KubeEmulator, secret_dir: Path, replicas: Callable[..., Any]
+) -> None:
+    async with RunaiStandin(client_secret=SECRET, delete_status=202, delete_delay_s=0.2) as slow:
+        put_settings(kube, slow)
+        await replicas()
+        kube.create_object(namespace("nu"))
+        await wait_until(lambda: bound(kube, "nu"), within=5, what="bound")
+        kube.delete_object("Namespace", "nu")
+        await wait_until(lambda: kube.get_object("Namespace", "nu") is None, within=5, what="namespace gone")
+        await wait_until(lambda: not projects_named(slow, "nu"), within=2, what="Run:ai finished deleting")
+        assert not slow.violations
+
+
+# ---- Operational dependency ----------------------------------------------------------------------
+
+
+async def test_project_creation_succeeds_while_runai_is_down_and_binds_later(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    replica = await replicas()
+    await runai.stop_listening()
+    async with kube.api_client() as api:  # as the platform creates it, through the API
+        await CoreV1Api(api).create_namespace(namespace("xi"))
+    await wait_until(lambda: replica.runai.directory.reachable is False, within=3, what="unreachable noticed")
+    assert kube.get_object("Namespace", "xi") is not None and not bound(kube, "xi")
+    # "A workload in a project that is not bound yet cannot start until Run:ai is reachable."
+    with pytest.raises(BindingUnavailable, match="unreachable"):
+        await replica.runai.bind_for_admission("xi")
+    await runai.resume()
+    await wait_until(lambda: bound(kube, "xi"), within=5, what="bound once Run:ai is back")
+    assert len(projects_named(runai, "xi")) == 1
+
+
+async def test_bound_projects_skip_the_quota_check_while_runai_is_unreachable(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai, run_ai_project_gpu_quota=1)
+    replica = await replicas()
+    kube.create_object(namespace("omicron"))
+    await wait_until(lambda: bound(kube, "omicron"), within=5, what="bound")
+    await wait_until(lambda: "omicron" in (replica.state.snapshot().runai_projects or {}), within=3, what="published")
+    over = gpu_notebook("omicron", gpus=2)
+    assert not validate_pod(over, replica.state.snapshot(), time.time()).allowed  # 2 > 1 deserved
+    await runai.stop_listening()
+    calls_before = len(runai.requests)
+    await replica.runai.directory.refresh_now()
+    assert replica.state.snapshot().runai_projects is None
+    decision = validate_pod(over, replica.state.snapshot(), time.time())
+    assert decision.allowed and any("not checked" in w for w in decision.warnings)
+    assert len(runai.requests) == calls_before  # refused connections never reach the log
+    await runai.resume()
+    await replica.runai.directory.refresh_now()
+    assert replica.state.snapshot().runai_projects is not None
+
+
+async def test_flapping_control_plane(kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]) -> None:
+    put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
+    await replicas()
+    names = [f"flap-{i}" for i in range(6)]
+
+    async def flap() -> None:
+        for _ in range(8):
+            await runai.stop_listening()
+            await asyncio.sleep(0.12)
+            await runai.resume()
+            await asyncio.sleep(0.12)
+
+    flapper = asyncio.create_task(flap())
+    for name in names:
+        kube.create_object(namespace(name))
+        await asyncio.sleep(0.05)
+    await flapper
+    await wait_until(lambda: all(bound(kube, n) for n in names), within=8, what="all bound after the flapping")
+    for name in names:
+        [project] = projects_named(runai, name)  # exactly one each: no duplicate from a retried create
+        assert ns_labels(kube, name)[PROJECT_ID] == project["id"]
+    assert len(runai.projects) == len(names)
+
+
+async def test_token_expiry_mid_pass(kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]) -> None:
+    put_settings(kube, runai, run_ai_enable=False)
+    names = ["tok-1", "tok-2", "tok-3"]
+    for name in names:
+        kube.create_object(namespace(name))
+    expired = []
+
+    def expire_on_second_create(method: str, path: str, body: Any) -> bool:
+        if method == "POST" and path == "/api/v1/org-unit/projects":
+            expired.append(path)
+            if len(expired) == 2:
+                runai.expire_tokens()  # this very request now carries an expired token
+        return False
+
+    runai.fail_when(expire_on_second_create)
+    await replicas()
+    put_settings(kube, runai)
+    await wait_until(lambda: all(bound(kube, n) for n in names), within=5, what="all bound")
+    assert runai.tokens_issued >= 2
+    assert [r.status for r in runai.calls("POST", "/api/v1/org-unit/projects")].count(401) == 1
+    assert len(creates(runai)) == 3 and len(runai.projects) == 3
+
+
+async def test_run_ai_enable_false_makes_no_call(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai, run_ai_enable=False, run_ai_reconcile_interval_s=0.2)
+    kube.create_object(namespace("pi"))
+    replica = await replicas()
+    kube.create_object(namespace("rho"))
+    await wait_until(lambda: replica.runai.reconciler.passes >= 2, within=3, what="passes with Run:ai off")
+    assert await replica.runai.directory.refresh_now() is False
+    with pytest.raises(RunaiDisabled):
+        await replica.runai.bind_for_admission("pi")
+    assert replica.state.snapshot().runai_projects is None
+    assert replica.runai.directory.department_names() is None
+    assert runai.requests == []
+    assert not bound(kube, "pi") and not bound(kube, "rho")
+
+
+async def test_turning_run_ai_off_stops_calls_and_on_starts_them(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    replica = await replicas()
+    kube.create_object(namespace("sigma"))
+    await wait_until(lambda: bound(kube, "sigma"), within=5, what="bound")
+    put_settings(kube, runai, run_ai_enable=False)
+    await wait_until(lambda: replica.runai.client() is None, within=3, what="client dropped")
+    await wait_until(lambda: replica.state.snapshot().runai_projects is None, within=3, what="view withdrawn")
+    count = len(runai.requests)
+    kube.create_object(namespace("tau"))
+    await asyncio.sleep(0.5)  # a window in which calls would show (the assertion is on the log)
+    assert len(runai.requests) == count and not bound(kube, "tau")
+    assert bound(kube, "sigma")  # the namespaces stay bound
+    put_settings(kube, runai)
+    await wait_until(lambda: bound(kube, "tau"), within=5, what="bound once on again")
+
+
+async def test_runai_url_change_rebuilds_the_client(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    replica = await replicas()
+    old = replica.runai.client()
+    async with RunaiStandin(client_secret=SECRET) as moved:
+        put_settings(kube, moved)
+        await wait_until(lambda: replica.runai.client() is not old, within=3, what="new client")
+        kube.create_object(namespace("upsilon"))
+        await wait_until(lambda: bound(kube, "upsilon"), within=5, what="bound")
+        assert projects_named(moved, "upsilon") and not projects_named(runai, "upsilon")
+        assert not moved.violations
+
+
+async def test_turned_off_namespace_deletion_waits_for_the_runai_project_we_created(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("phi"))
+    runai.add_project("phi-adopted", namespace="chi")
+    kube.create_object(namespace("chi"))
+    await wait_until(lambda: bound(kube, "phi") and bound(kube, "chi"), within=5, what="bound")
+    [project] = projects_named(runai, "phi")
+    put_settings(kube, runai, run_ai_enable=False)
+    await asyncio.sleep(0.3)  # let the replica see the settings (the assertions below are on state)
+    count = len(runai.requests)
+    kube.delete_object("Namespace", "phi")
+    kube.delete_object("Namespace", "chi")
+    # The adopted one has nothing of ours in Run:ai: it goes. Ours waits, and says why.
+    await wait_until(lambda: kube.get_object("Namespace", "chi") is None, within=5, what="chi gone")
+    await wait_until(lambda: events(kube, "RunaiUnbindDeferred", "phi"), within=3, what="deferred event")
+    assert "run_ai_enable is false" in events(kube, "RunaiUnbindDeferred", "phi")[0]["message"]
+    assert ns_meta(kube, "phi").get("deletionTimestamp")
+    assert len(runai.requests) == count  # no call while off
+    # The seed's way out: delete the project in Run:ai and remove the label; the namespace then goes.
+    del runai.projects[project["id"]]
+    current = kube.get_object("Namespace", "phi")
+    assert current is not None
+    del current["metadata"]["labels"][PROJECT_ID]
+    kube.put_object(current)
+    await wait_until(lambda: kube.get_object("Namespace", "phi") is None, within=5, what="phi gone")
+
+
+async def test_turned_back_on_deletes_the_project_and_releases_the_namespace(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    await replicas()
+    kube.create_object(namespace("psi"))
+    await wait_until(lambda: bound(kube, "psi"), within=5, what="bound")
+    [project] = projects_named(runai, "psi")
+    put_settings(kube, runai, run_ai_enable=False)
+    await asyncio.sleep(0.3)
+    kube.delete_object("Namespace", "psi")
+    await wait_until(lambda: events(kube, "RunaiUnbindDeferred", "psi"), within=3, what="deferred")
+    put_settings(kube, runai)
+    await wait_until(lambda: kube.get_object("Namespace", "psi") is None, within=5, what="psi gone")
+    assert project["id"] not in runai.projects
+
+
+async def test_project_in_another_department_than_expected_reports_drift(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    runai.add_department("research")
+    runai.add_project("omega", namespace="omega", department="default")  # adopted, in the wrong department
+    put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
+    replica = await replicas()
+    kube.create_object(namespace("omega", labels={"hopsworks.ai/department": "research"}))
+    await wait_until(lambda: events(kube, "RunaiDepartmentDrift", "omega"), within=5, what="drift event")
+    [event] = events(kube, "RunaiDepartmentDrift", "omega")
+    assert event["type"] == "Warning"
+    assert "department default, expected research" in event["message"]
+    passes = replica.runai.reconciler.passes
+    await wait_until(lambda: replica.runai.reconciler.passes >= passes + 2, within=3, what="more passes")
+    assert len(events(kube, "RunaiDepartmentDrift", "omega")) == 1  # not one per pass
+    report = replica.runai.reconciler.last_report
+    assert report is not None and report.drift["omega"] == ("default", "research")
+
+
+# ---- crash safety and races ----------------------------------------------------------------------
+
+
+def intent(by: str, age_s: float) -> str:
+    return json.dumps({"state": "creating", "by": by, "at": time.time() - age_s})
+
+
+async def test_leader_failover_mid_bind(kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]) -> None:
+    put_settings(kube, runai)
+    a = await replicas("replica-a")
+    await wait_until(lambda: a.runai.leader.is_leader, within=3, what="a leads")
+    b = await replicas("replica-b")
+
+    def break_namespace_writes_after_create(method: str, path: str, body: Any) -> bool:
+        if method == "POST" and path == "/api/v1/org-unit/projects":
+            # The project is being created; every later write to the namespace fails, so the
+            # leader dies between the Run:ai create and the namespace label.
+            kube.fail_next(10_000, 500, path_prefix="/api/v1/namespaces/failover", method="PATCH")
+        return False
+
+    runai.fail_when(break_namespace_writes_after_create, times=1)
+    kube.create_object(namespace("failover"))
+    await wait_until(lambda: creates(runai), within=5, what="a created the Run:ai project")
+    await wait_until(
+        lambda: len(kube.calls("PATCH", "/api/v1/namespaces/failover")) >= 2, within=3, what="a's label write failed"
+    )
+    assert not bound(kube, "failover")
+    assert BINDING_ANNOTATION in ns_meta(kube, "failover")["annotations"]  # a's recorded intent
+    await a.stop(release=False)  # killed: no release, no cleanup
+    kube.clear_faults()
+    await wait_until(lambda: b.runai.leader.is_leader, within=4, what="b takes over")
+    await wait_until(lambda: bound(kube, "failover"), within=5, what="b finished the binding")
+    [project] = projects_named(runai, "failover")  # exactly one Run:ai project
+    meta = ns_meta(kube, "failover")
+    assert meta["labels"][QUEUE] == "failover"
+    assert meta["labels"][PROJECT_ID] == project["id"]  # created by us, not adopted
+    assert BINDING_ANNOTATION not in (meta.get("annotations") or {})
+    assert len(creates(runai, None)) == 1
+    # No orphan: deleting the project deletes the one Run:ai project.
+    kube.delete_object("Namespace", "failover")
+    await wait_until(lambda: kube.get_object("Namespace", "failover") is None, within=5, what="gone")
+    assert not runai.projects
+
+
+async def test_recorded_intent_with_an_existing_project_is_finished_as_created_never_adopted(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # A binder died after creating the project and before labelling: intent + project, no label.
+    put_settings(kube, runai, run_ai_enable=False)
+    replica = await replicas()
+    created = runai.add_project("resumed", namespace="resumed")
+    kube.create_object(namespace("resumed", annotations={BINDING_ANNOTATION: intent("dead-replica", 1)}))
+    put_settings(kube, runai)
+    await wait_until(lambda: replica.state.settings.run_ai_enable, within=3, what="on")
+    result = await replica.runai.binder.ensure_bound("resumed")
+    assert result.outcome == "created" and result.resumed
+    labels = ns_labels(kube, "resumed")
+    assert labels[PROJECT_ID] == created["id"] and labels[QUEUE] == "resumed"
+    assert not creates(runai, None)
+
+
+async def test_stale_intent_without_a_project_is_taken_over_and_created_once(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai, run_ai_enable=False)
+    replica = await replicas(claim_ttl_s=1.0)
+    kube.create_object(namespace("stale", annotations={BINDING_ANNOTATION: intent("dead-replica", 30)}))
+    put_settings(kube, runai)
+    await wait_until(lambda: bound(kube, "stale"), within=5, what="bound")
+    assert ns_labels(kube, "stale")[PROJECT_ID] == projects_named(runai, "stale")[0]["id"]
+    assert len(creates(runai, None)) == 1
+    assert replica.runai.leader.is_leader
+
+
+async def test_fresh_intent_of_another_binder_makes_admission_wait_not_create(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    kube.create_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
+            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
+        }
+    )
+    put_settings(kube, runai)
+    kube.create_object(namespace("busy", annotations={BINDING_ANNOTATION: intent("other-replica", 0)}))
+    replica = await replicas(bind_wait_s={"request": 0.3})
+    with pytest.raises(BindingUnavailable, match="being bound to Run:ai by other-replica"):
+        await replica.runai.bind_for_admission("busy")
+    assert not creates(runai, None)
+
+
+async def test_two_binders_racing_create_one_runai_project(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # Admission on two replicas at once, with nobody leading (the Lease is held elsewhere).
+    kube.create_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
+            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
+        }
+    )
+    put_settings(kube, runai)
+    runai.set_latency(0.2, method="POST", path="/api/v1/org-unit/projects")  # widen the race window
+    kube.create_object(namespace("race"))
+    a = await replicas("replica-a")
+    b = await replicas("replica-b")
+    results = await asyncio.gather(
+        a.runai.bind_for_admission("race"), b.runai.bind_for_admission("race"), return_exceptions=True
+    )
+    assert all(not isinstance(r, Exception) for r in results), results
+    [project] = projects_named(runai, "race")
+    assert len(creates(runai, None)) == 1
+    assert {r.project_name for r in results} == {"race"}  # type: ignore[union-attr]
+    assert ns_labels(kube, "race")[PROJECT_ID] == project["id"]
+
+
+async def test_deleting_during_an_unfinished_bind_deletes_what_was_created(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # The claim put the finalizer there before the create; the binder died before labelling.
+    created = runai.add_project("halfway", namespace="halfway")
+    obj = namespace("halfway", annotations={BINDING_ANNOTATION: intent("dead-replica", 1)})
+    obj["metadata"]["finalizers"] = [FINALIZER]
+    kube.create_object(obj)
+    kube.delete_object("Namespace", "halfway")
+    put_settings(kube, runai)
+    await replicas()
+    await wait_until(lambda: kube.get_object("Namespace", "halfway") is None, within=5, what="gone")
+    assert created["id"] not in runai.projects
