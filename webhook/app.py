@@ -23,6 +23,7 @@ from webhook.core.decision import Decision
 from webhook.core.guard import GuardConfig, Identities, validate_settings_request
 from webhook.core.scheduling import mutate_pod
 from webhook.core.validation import validate_pod
+from webhook.core.workloads import validate_workload
 from webhook.metrics import ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
 from webhook.state.store import ClusterState
 
@@ -67,6 +68,15 @@ def validate_pods_handler(state: ClusterState) -> AdmissionHandler:
     return handle
 
 
+def validate_workloads_handler(state: ClusterState) -> AdmissionHandler:
+    """Replicas × GPUs of pod owners at `kubectl apply` time, from the caches only."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return validate_workload(request, state.snapshot(), time.time())
+
+    return handle
+
+
 def settings_handler(
     state: ClusterState, config: GuardConfig, runai_departments: Callable[[], Collection[str] | None] = lambda: None
 ) -> AdmissionHandler:
@@ -80,6 +90,7 @@ def default_handlers(state: ClusterState, guard: GuardConfig) -> dict[str, Admis
     return {
         "/mutate/pods": mutate_handler(state),
         "/validate/pods": validate_pods_handler(state),
+        "/validate/workloads": validate_workloads_handler(state),
         "/validate/settings": settings_handler(state, guard),
     }
 

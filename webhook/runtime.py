@@ -1,4 +1,10 @@
-"""Wires the process together: caches, certificates, the app, and an orderly shutdown."""
+"""Wires the process together: caches, certificates, the app, and an orderly shutdown.
+
+With `--state DIR` (the embedded default) the cluster is a folder of YAML and nothing remote exists:
+scheduling, the settings guard and the pure quota check run on it. Against an apiserver the process
+also runs the Run:ai integration (directory, Lease, binder, reconciler), the cross-replica GPU
+reservations, the GPU API and the admin API.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,29 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
-from aiohttp.log import access_logger
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from webhook.app import SERVER_KEY, ServeOptions, StartupError, create_app, default_handlers
+from webhook.app import (
+    SERVER_KEY,
+    AdmissionHandler,
+    ServeOptions,
+    StartupError,
+    create_app,
+    default_handlers,
+    settings_handler,
+)
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
+
+
+class Stoppable(Protocol):
+    async def stop(self) -> Any: ...
 
 
 def _kubeconfig_path(kubeconfig: Path | None) -> str:
@@ -38,10 +55,11 @@ class Runtime:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.state = ClusterState(options.namespace)
-        self._stoppers: list[Any] = []
+        self._stoppers: list[Stoppable] = []
         self.app: web.Application | None = None
         self.runner: web.AppRunner | None = None
         self.api_client: ApiClient | None = None
+        self.runai: Any = None  # RunaiIntegration, against an apiserver
 
     async def start(self) -> None:
         await self._start_state()
@@ -56,17 +74,18 @@ class Runtime:
         )
         await certs.start()
         self._stoppers.append(certs)
+        handlers = default_handlers(self.state, self.options.guard_config())
+        routes: list[web.RouteDef] = []
+        if self.api_client is not None:
+            extra_handlers, routes = await self._start_cluster_parts(self.api_client)
+            handlers.update(extra_handlers)
         self.app = create_app(
             self.state,
-            handlers=default_handlers(self.state, self.options.guard_config()),
+            handlers=handlers,
+            routes=routes,
             readiness=[lambda: None if certs.ready else "serving certificate"],
         )
-        self.runner = web.AppRunner(
-            self.app,
-            handle_signals=False,
-            shutdown_timeout=self.options.shutdown_timeout,
-            access_log=access_logger if self.options.access_log else None,
-        )
+        self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=self.options.shutdown_timeout)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
         await site.start()
@@ -89,6 +108,65 @@ class Runtime:
         self._stoppers.append(watcher)
         # The G1 check below needs the settings; the apiserver is local, so this is quick.
         await watcher.wait_synced(within_s=60)
+
+    async def _start_cluster_parts(
+        self, api_client: ApiClient
+    ) -> tuple[dict[str, AdmissionHandler], list[web.RouteDef]]:
+        from webhook.admin_api import admin_routes, authorize_with
+        from webhook.auth import AccessCheck, KubeAuthorizer
+        from webhook.gpu_api import DirectoryAdapter, gpu_api_routes
+        from webhook.kubeapi import KubeApi
+        from webhook.quota import GpuReservations
+        from webhook.quota.handlers import validate_pods_handler
+        from webhook.runai.departments import DepartmentMover
+        from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
+
+        options = self.options
+        kube = KubeApi(api_client, options.namespace)
+        runai = await RunaiIntegration.start(
+            self.state,
+            api_client,
+            kube,
+            client_factory(options.runai_secret_dir),
+            IntegrationOptions(
+                install_namespace=options.namespace,
+                secret_dir=options.runai_secret_dir,
+                lease_name=options.lease_name,
+                identity=os.environ.get("POD_NAME") or None,
+            ),
+        )
+        self.runai = runai
+        self._stoppers.append(runai)
+        reservations = GpuReservations(self.state, kube)
+        await reservations.start(api_client)
+        self._stoppers.append(reservations)
+        mover = DepartmentMover(
+            kube,
+            runai.client,
+            self.state,
+            runai_departments=runai.directory.department_names,
+            directory=runai.directory,
+            instance=kube.instance,
+        )
+
+        async def bind(namespace: str) -> object:
+            return await runai.binder.ensure_bound(namespace, "request")
+
+        handlers: dict[str, AdmissionHandler] = {
+            # /validate/workloads stays the cache-only default: a scale without a template passes
+            # with a warning and its pods are checked one by one.
+            "/validate/pods": validate_pods_handler(self.state, reservations, bind),
+            "/validate/settings": settings_handler(
+                self.state, options.guard_config(), runai.directory.department_names
+            ),
+        }
+        gpu_auth = KubeAuthorizer(kube)
+        admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
+        routes = [
+            *gpu_api_routes(self.state, DirectoryAdapter(runai.directory, runai.client), gpu_auth),
+            *admin_routes(mover, authorize_with(admin_auth)),
+        ]
+        return handlers, routes
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
