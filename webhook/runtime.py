@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.log import access_logger
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
@@ -85,7 +86,12 @@ class Runtime:
             routes=routes,
             readiness=[lambda: None if certs.ready else "serving certificate"],
         )
-        self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=self.options.shutdown_timeout)
+        self.runner = web.AppRunner(
+            self.app,
+            handle_signals=False,
+            shutdown_timeout=self.options.shutdown_timeout,
+            access_log=access_logger if self.options.access_log else None,  # off unless WEBHOOK_ACCESS_LOG
+        )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
         await site.start()
