@@ -74,6 +74,7 @@ class Scenario:
     remote_calls_request: float = 0.0
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # phase -> one per round
     proc: subprocess.Popen[bytes] | None = None
+    cwd: Path = ROOT  # another checkout's webhook package for --baseline
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def describe_answer(key: str, answer: dict[str, Any]) -> list[str]:
     """What the server actually did with the request: the bench must not measure a refusal."""
     response = answer.get("response") or {}
     notes: list[str] = []
-    if key == "b":
+    if key.startswith("b"):
         ops = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
         paths = sorted({op["path"] for op in ops})
         notes.append(f"allowed={response.get('allowed')}, {len(ops)} patch ops: {', '.join(paths)}")
@@ -156,7 +157,7 @@ def start(scenario: Scenario, workdir: Path, ca: Path, pin_cpus: bool) -> None:
     env = {**os.environ, "WEBHOOK_DRAIN_SECONDS": "0"}
     log = (workdir / f"{scenario.key}.log").open("wb")
     scenario.proc = subprocess.Popen(
-        scenario.command, cwd=ROOT, env=env, stdout=log, stderr=log, preexec_fn=pin(0 if pin_cpus else None)
+        scenario.command, cwd=scenario.cwd, env=env, stdout=log, stderr=log, preexec_fn=pin(0 if pin_cpus else None)
     )
     log.close()  # the child holds its own descriptor
     wait_ready(scenario.proc, scenario.port, ca)
@@ -238,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true", help="pin servers to CPU 0 and the generator to CPU 1")
     parser.add_argument("--no-scale", action="store_true", help="skip bench.scale")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout: also run its (b) as b_base, interleaved (A/B)"
+    )
     args = parser.parse_args(argv)
     pin_cpus = args.pin and (os.cpu_count() or 1) >= 2
     main_phase = Phase("closed", args.connections, args.seconds, None, args.rounds)
@@ -279,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
                     command = bench_server("bare", port) if state is None else serve(state, port)
                     scenarios[key] = Scenario(key, title, path, body, command, port)
                     start(scenarios[key], work, ca, pin_cpus)
+            if args.baseline is not None:
+                port = free_port()
+                title = f"(b) served by the webhook package in {args.baseline}"
+                base = Scenario("b_base", title, "/mutate/pods", mutate_body(), serve(kueue, port), port)
+                base.cwd = args.baseline.resolve()  # `python -m webhook` imports from its working directory
+                scenarios["b_base"] = base
+                start(base, work, ca, pin_cpus)
             c = scenarios.get("c")
             if "c_view" in wanted and (c is None or any("NOT checked" in n for n in c.notes)):
                 port = free_port()
@@ -343,7 +354,7 @@ def build_report(scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate
     open_key = f"open {rate:g}/s {main.connections}"
     ratios: dict[str, float] = {}
     a = scenarios.get("a")
-    for key in ("b", "c", "c_view"):
+    for key in ("b", "b_base", "c", "c_view"):
         s = scenarios.get(key)
         if a is None or s is None:
             continue

@@ -100,20 +100,25 @@ def _json_error(status: int, reason: str) -> web.Response:
 
 
 def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    # Bound once: `labels()` per request showed up as several percent of a request in profiles.
+    # It also exports every series at zero from the start, as Prometheus recommends.
+    counted = {o: ADMISSION_REQUESTS.labels(endpoint, o) for o in ("allowed", "patched", "denied", "bad_request")}
+    latency = ADMISSION_LATENCY.labels(endpoint)
+
     async def route(request: web.Request) -> web.Response:
         started = time.perf_counter()
         if request.content_type != "application/json":
-            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            counted["bad_request"].inc()
             return _json_error(415, f"Content-Type must be application/json, got {request.content_type!r}")
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            counted["bad_request"].inc()
             return _json_error(413, f"body larger than {request.app._client_max_size} bytes")
         try:
             version, review = parse_review(body)
         except BadReview as exc:
-            ADMISSION_REQUESTS.labels(endpoint, "bad_request").inc()
+            counted["bad_request"].inc()
             return _json_error(exc.status, exc.reason)
         try:
             decision = await handler(review)
@@ -122,9 +127,9 @@ def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.R
             log.exception("admission handler %s failed for uid %s", endpoint, review.get("uid"))
             decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
         outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
-        ADMISSION_REQUESTS.labels(endpoint, outcome).inc()
+        counted[outcome].inc()
         payload = json.dumps(build_response(version, review["uid"], decision), separators=(",", ":"))
-        ADMISSION_LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+        latency.observe(time.perf_counter() - started)
         return web.Response(body=payload.encode(), content_type="application/json")
 
     return route
