@@ -9,8 +9,9 @@ every scenario alike. `--pin` puts the servers on CPU 0 and the generator on CPU
   b  `scheduling-webhook serve` /mutate/pods: ~9 KB pod, Kueue project: affinity, anti-affinity,
      priority, queue and topology injected
   c  `scheduling-webhook serve` /validate/pods: GPU notebook in a Run:ai-bound project
-  c_view  only while (c) reports that its Run:ai view is missing: the same /validate/pods with a
-     Run:ai view put into the real runtime's snapshot (the pure quota path; no reservation write)
+  c_view  only while (c) reports that it did not check the quota (`serve --state` has no Run:ai
+     integration; that runs against an apiserver): the same /validate/pods with a Run:ai view put
+     into the real runtime's snapshot (the pure quota path; no reservation write)
 
 Loads: closed loop at 32 connections (throughput; latency there is mostly queueing, 32 / rate),
 open loop at --rate over the same 32 connections (latency at a stated load, counted from when
@@ -299,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                     "c_view", title, "/validate/pods", validate_body(), bench_server("runai-view", port, *more), port
                 )
                 view.notes.append(
-                    "the server's own wiring has no Run:ai view yet (issue 3), so (c) skips the quota check; "
-                    "this is the quota decision with a view put into the snapshot, without a reservation write"
+                    "`serve --state` wires no Run:ai integration (it runs only against an apiserver, where it "
+                    "also writes GPU reservations), so (c) skips the quota check; this is the same quota decision "
+                    "with a Run:ai view put into the snapshot, without the reservation write"
                 )
                 scenarios["c_view"] = view
                 start(view, work, ca, pin_cpus)
