@@ -80,6 +80,7 @@ class Runtime:
         if self.api_client is not None:
             extra_handlers, routes = await self._start_cluster_parts(self.api_client)
             handlers.update(extra_handlers)
+            await self._wait_for_caches(within_s=60)
         self.app = create_app(
             self.state,
             handlers=handlers,
@@ -173,6 +174,15 @@ class Runtime:
             *admin_routes(mover, authorize_with(admin_auth)),
         ]
         return handlers, routes
+
+    async def _wait_for_caches(self, within_s: float) -> None:
+        # Serving before the first lists would only answer 503 on /readyz; a bounded wait keeps the
+        # logs quiet, and readiness still tells the truth if the apiserver is slow.
+        step = 0.05
+        for _ in range(int(within_s / step)):
+            if self.state.ready():
+                return
+            await asyncio.sleep(step)
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""

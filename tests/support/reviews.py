@@ -69,6 +69,8 @@ def pod_review(
         request["uid"] = uid
     pod = request["object"]
     pod.setdefault("metadata", {})["namespace"] = namespace
+    if uid is not None and "uid" in pod["metadata"]:
+        pod["metadata"]["uid"] = f"pod-{uid}"  # distinct pods, distinct uids
     if labels:
         pod["metadata"].setdefault("labels", {}).update(labels)
     if annotations:

@@ -1,0 +1,136 @@
+"""The whole product against an apiserver with Run:ai on: the real Runtime, the Kubernetes API
+emulator (through a kubeconfig) and the spec-checked Run:ai stand-in, driven over HTTPS as the
+apiserver and a data scientist would."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.https import LOOPBACK, SERVICE_HOST, StaticResolver, client_ssl_context, make_cert_files, wait_until
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
+from tests.support.runai_standin import RunaiStandin
+from tests.test_runtime_kube import free_port, write_kubeconfig
+from webhook.app import ServeOptions
+from webhook.runtime import Runtime
+
+SECRET = "standin-client-secret"
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
+    async with KubeEmulator(token="webhook-token") as emu, RunaiStandin(client_secret=SECRET) as runai:
+        runai.add_department("vision-dept")
+        settings = settings_configmap(
+            run_ai_enable=True,
+            run_ai_url=runai.url,
+            run_ai_client_id=runai.client_id,
+            run_ai_client_secret_name="runai-hopsworks",
+            run_ai_client_secret_key="clientSecret",
+            run_ai_project_gpu_quota=1,
+            run_ai_reconcile_interval_s=1,
+        )
+        for obj in (
+            namespace("hopsworks", project=False),
+            priority_class("low", 1000, "Never"),
+            priority_class("normal", 10000),
+            settings,
+        ):
+            emu.create_object(obj)
+        emu.add_user("alice-token", "alice")
+        emu.allow("alice", "get", "pods", "vision")
+        emu.allow("webhook", "*", "*")
+        yield emu, runai
+        assert runai.violations == [], runai.violations
+
+
+async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeEmulator, RunaiStandin]) -> None:
+    emu, runai = cluster
+    secret_dir = tmp_path / "runai-secret"
+    secret_dir.mkdir()
+    (secret_dir / "clientSecret").write_text(SECRET)
+    certs = make_cert_files(tmp_path / "certs")
+    options = ServeOptions(
+        host=LOOPBACK,
+        port=free_port(),
+        certs=certs.dir,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, "webhook-token"),
+        namespace="hopsworks",
+        runai_secret_dir=secret_dir,
+        drain_seconds=0.0,
+    )
+    runtime = Runtime(options)
+    await runtime.start()
+    connector = aiohttp.TCPConnector(
+        ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
+    )
+    base = f"https://{SERVICE_HOST}:{options.port}"
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def admit(path: str, review: dict[str, Any]) -> dict[str, Any]:
+                async with session.post(f"{base}{path}", json=review) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return (await resp.json())["response"]
+
+            # A new project namespace in a department Run:ai knows: the leader binds it.
+            emu.create_object(namespace("vision", labels={"hopsworks.ai/department": "vision-dept"}))
+            await wait_until(
+                lambda: "runai/queue" in (emu.get_object("Namespace", "vision") or {})["metadata"]["labels"],
+                within=15,
+                what="vision bound by the reconciler",
+            )
+            project = runai.project("vision")
+            assert project is not None
+            assert project["requestedNamespace"] == "vision"
+            assert project["parentId"] == runai.department("vision-dept")["id"]
+            labels = emu.get_object("Namespace", "vision")["metadata"]["labels"]
+            assert labels["runai/queue"] == "vision"
+            assert labels["hopsworks.ai/runai-project-id"] == project["id"]
+            await wait_until(lambda: runtime.state.namespaces["vision"].runai_queue == "vision", what="cache sees it")
+            await wait_until(
+                lambda: "vision" in (runtime.state.snapshot().runai_projects or {}), within=20, what="quota known"
+            )
+
+            # A GPU notebook: mutation puts it in the Run:ai queue, validation admits it within quota.
+            first = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-1")
+            mutated = await admit("/mutate/pods", first)
+            patched = apply_patch(first["request"]["object"], json.loads(base64.b64decode(mutated["patch"])))
+            assert patched["metadata"]["labels"]["runai/queue"] == "vision"
+            assert_valid_pod(patched)
+            first["request"]["object"] = patched
+            assert (await admit("/validate/pods", first))["allowed"] is True
+
+            # The second one finds the GPU taken, by the reservation, before the pod cache shows it.
+            second = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-2")
+            refused = await admit("/validate/pods", second)
+            assert refused["allowed"] is False
+            assert "0 of 1 deserved GPUs left" in refused["status"]["message"]
+            # Jobs are never checked.
+            job = pod_review("vision", labels={"job-name": "train"}, gpus=4, uid="job-1")
+            assert (await admit("/validate/pods", job))["allowed"] is True
+
+            # The GPU view, as a project member sees it; no token is 401.
+            async with session.get(
+                f"{base}/api/v1/projects/vision/gpu", headers={"Authorization": "Bearer alice-token"}
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+                view = await resp.json()
+            assert view["project"]["name"] == "vision" and view["project"]["quota"] == 1
+            async with session.get(f"{base}/api/v1/projects/vision/gpu") as resp:
+                assert resp.status == 401
+
+            # Deleting the project namespace deletes the Run:ai project this system created.
+            emu.delete_object("Namespace", "vision")
+            await wait_until(lambda: runai.project("vision") is None, within=15, what="Run:ai project deleted")
+            await wait_until(lambda: emu.get_object("Namespace", "vision") is None, within=15, what="namespace gone")
+    finally:
+        await runtime.shutdown()
