@@ -204,7 +204,8 @@ class Binder:
 
     async def _ensure_bound(self, namespace: str, call_path: CallPath) -> BindResult:
         waited_until: float | None = None
-        for _ in range(_MAX_ROUNDS):
+        conflicts = 0
+        while conflicts <= _MAX_ROUNDS:  # waiting for another binder is bounded by time instead
             obj = await self._read(namespace, call_path)
             info = NamespaceInfo.from_object(obj)
             if info.runai_queue:
@@ -230,6 +231,7 @@ class Binder:
                         written = await self._label(obj, project, created=False, path=call_path)
                         result = BindResult(namespace, project.name, None, "adopted")
                 except KubeConflict:
+                    conflicts += 1
                     continue  # the namespace changed since we read it: decide again
                 self._bound(written, project, result, info.resource_version)
                 return result
@@ -252,12 +254,14 @@ class Binder:
                 try:
                     obj = await self._claim(obj, call_path)
                 except KubeConflict:
+                    conflicts += 1
                     continue  # someone else wrote first (maybe another binder's claim): re-read
             project = await self._create(client, namespace, cluster_id, department, call_path)
             result = BindResult(namespace, project.name, project.id, "created")
             try:
                 written = await self._label(obj, project, created=True, path=call_path)
             except KubeConflict:
+                conflicts += 1
                 continue  # next round finds the project and our intent, and finishes
             self._bound(written, project, result, str((obj.get("metadata") or {}).get("resourceVersion") or ""))
             return result
@@ -396,16 +400,17 @@ class Binder:
         log.info("namespace %s bound to Run:ai project %s (%s)", result.namespace, project.name, result.outcome)
 
     async def _wait_for_change(self, namespace: str, rv: str, until: float, call_path: CallPath) -> None:
+        """Until `until`, or until the namespace is no longer at `rv` (by the watch-fed cache, or by
+        reading it when the cache does not have it at `rv` either)."""
         while time.monotonic() < until:
             await asyncio.sleep(self.poll_s)
             cached = self.state.namespaces.get(namespace)
-            if cached is not None and cached.resource_version != rv:
-                return  # the watch saw a change: re-read
-            if cached is None:
-                with contextlib.suppress(KubeError):
-                    obj = await self.kube.get_namespace(namespace, path=call_path)
-                    if str((obj.get("metadata") or {}).get("resourceVersion")) != rv:
-                        return
+            if cached is not None and cached.resource_version == rv:
+                continue  # the watch is at our version: a change shows up here first
+            with contextlib.suppress(KubeError, aiohttp.ClientError, TimeoutError):
+                obj = await self.kube.get_namespace(namespace, path=call_path)
+                if str((obj.get("metadata") or {}).get("resourceVersion")) != rv:
+                    return
 
     # -- unbinding ----------------------------------------------------------------------------
     async def unbind_deleted(self, namespace: str) -> UnbindResult:
