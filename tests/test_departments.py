@@ -577,3 +577,20 @@ async def test_a_stalled_holder_whose_move_was_taken_over_deletes_nothing(env: E
         await first
     assert old["id"] in env.runai.projects and env.runai_writes() == []
     assert env.intent("p1") is None and DEPARTMENT_LABEL not in env.labels("p1")
+
+
+async def test_the_leaders_reconcile_pass_settles_a_move_left_half_done(env: Env) -> None:
+    from webhook.runai.integration import IntegrationOptions, RunaiIntegration
+
+    env.project_ns("p1")
+    with pytest.raises(Crash):
+        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+    env.state.apply(env.ns("p1"))
+    integration = RunaiIntegration(env.state, env.api, env.kapi, lambda _: env.client, IntegrationOptions())
+    integration.reconciler.mover = env.mover(instance="leader-2", clock=_later(600))
+    report = await integration.reconciler.pass_once()
+    assert not report.unavailable
+    new = env.runai.project("p1")
+    assert new is not None and env.runai_department_of(new) == "ml"
+    assert env.intent("p1") is None
+    assert env.labels("p1")[RUNAI_PROJECT_ID_LABEL] == new["id"]

@@ -21,9 +21,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
@@ -54,6 +54,10 @@ class PassReport:
     unavailable: bool = False  # Run:ai did not answer: the pass stopped early
 
 
+class MoveRecovery(Protocol):
+    async def recover_all(self, namespaces: Iterable[NamespaceInfo] | None = None) -> Sequence[object]: ...
+
+
 class Reconciler:
     def __init__(
         self,
@@ -71,6 +75,8 @@ class Reconciler:
         self.events = events
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        # Settles department moves left half-done (webhook.runai.departments.DepartmentMover).
+        self.mover: MoveRecovery | None = None
         self.passes = 0  # full passes completed (tests and metrics read it)
         self.last_report: PassReport | None = None
         self._queue: dict[str, None] = {}  # ordered set of namespaces to look at
@@ -164,6 +170,9 @@ class Reconciler:
             if not reachable and self.state.settings.run_ai_enable:
                 report.unavailable = True
             else:
+                if self.mover is not None:
+                    # A move whose holder died (e.g. the previous leader) is finished or rolled back.
+                    await self.mover.recover_all(list(self.state.namespaces.values()))
                 for info in list(self.state.namespaces.values()):
                     if info.is_project and not info.deleting and not info.runai_queue:
                         await self._bind(info.name, report)
@@ -242,6 +251,11 @@ class Reconciler:
         info = self.state.namespaces.get(namespace)
         if info is None or not info.deleting:
             return
+        if info.moving:
+            # A department move owns the Run:ai project until it is settled (recover_all, below);
+            # deleting now could miss a project the move creates after our delete.
+            report.failed[namespace] = "waiting for its department move to settle"
+            return
         if not self.state.settings.run_ai_enable:
             await self._let_go_while_off(info, report)
             return
@@ -294,7 +308,7 @@ class Reconciler:
             return
         default = self.state.settings.run_ai_default_department
         for info in self.state.namespaces.values():
-            if not info.is_project or info.deleting or not info.runai_queue:
+            if not info.is_project or info.deleting or info.moving or not info.runai_queue:
                 continue
             project = self.directory.project_for_namespace(info.name)
             if project is None:

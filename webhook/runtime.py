@@ -139,7 +139,6 @@ class Runtime:
                 install_namespace=options.namespace,
                 secret_dir=options.runai_secret_dir,
                 lease_name=options.lease_name,
-                identity=os.environ.get("POD_NAME") or None,
             ),
         )
         self.runai = runai
@@ -155,6 +154,7 @@ class Runtime:
             directory=runai.directory,
             instance=kube.instance,
         )
+        runai.reconciler.mover = mover
 
         async def bind(namespace: str) -> object:
             return await runai.binder.ensure_bound(namespace, "request")
