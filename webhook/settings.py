@@ -134,9 +134,7 @@ class SchedulerConfig(_Strict):
             if outside:
                 raise ValueError(f"project.{key} {outside} not in available.{key} {offered[key]}")
         if self.defaults.topology and self.defaults.topology not in self.available.topologies:
-            raise ValueError(
-                f"defaults.topology {self.defaults.topology!r} not in {sorted(self.available.topologies)}"
-            )
+            raise ValueError(f"defaults.topology {self.defaults.topology!r} not in {sorted(self.available.topologies)}")
         return self
 
 

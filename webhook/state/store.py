@@ -64,9 +64,7 @@ class ClusterState:
         elif kind == "PriorityClass":
             self.priority_classes[name] = PriorityClassInfo.from_object(obj)
         elif kind == "ConfigMap":
-            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (
-                self.install_namespace
-            ):
+            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (self.install_namespace):
                 self._apply_settings(obj.get("data") or {})
         elif kind == "LocalQueue":
             ns = meta.get("namespace", "")
@@ -89,9 +87,7 @@ class ClusterState:
         elif kind == "PriorityClass":
             self.priority_classes.pop(name, None)
         elif kind == "ConfigMap":
-            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (
-                self.install_namespace
-            ):
+            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (self.install_namespace):
                 self._apply_settings({})
         elif kind == "LocalQueue":
             ns = meta.get("namespace", "")
