@@ -1,0 +1,73 @@
+"""`scheduling-webhook review`: the offline dry run prints the decision and exits non-zero on a refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.support.reviews import FIXTURES, assert_valid_pod
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / "examples" / "cluster"
+
+
+def run_review(file: Path, state: Path = STATE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook", "review", str(file), "--state", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_example_notebook_is_allowed_with_its_patch_and_patched_pod() -> None:
+    result = run_review(ROOT / "examples" / "requests" / "notebook-pod.yaml")
+    assert result.returncode == 0, result.stderr
+    head, _, patched_yaml = result.stdout.partition("\n---\n")
+    assert "decision: ALLOWED" in head
+    assert "injected: priority-class=normal" in head
+    assert "injected: affinity=topology.kubernetes.io/zone=eu-1a" in head
+    patched = yaml.safe_load(patched_yaml)
+    assert patched["spec"]["priorityClassName"] == "normal"
+    assert patched["spec"]["priority"] == 10000
+    assert_valid_pod(patched)
+
+
+def test_a_refusal_exits_1_and_says_why(tmp_path: Path) -> None:
+    pod = yaml.safe_load((ROOT / "examples" / "requests" / "notebook-pod.yaml").read_text())
+    pod["spec"]["priorityClassName"] = "high"
+    file = tmp_path / "pod.yaml"
+    file.write_text(yaml.safe_dump(pod))
+    result = run_review(file)
+    assert result.returncode == 1
+    assert "decision: REFUSED" in result.stdout
+    assert "allowed: low, normal" in result.stdout
+    assert "---" not in result.stdout  # no patched object for a refused pod
+
+
+def test_a_whole_admission_review_is_read_too(tmp_path: Path) -> None:
+    review = json.loads((FIXTURES / "pod-create-kubectl-run.json").read_text())
+    review["request"]["namespace"] = "fraud-detection"
+    review["request"]["object"]["metadata"]["namespace"] = "fraud-detection"
+    file = tmp_path / "review.json"
+    file.write_text(json.dumps(review))
+    result = run_review(file)
+    assert result.returncode == 0, result.stderr
+    assert "injected: priority-class=high" in result.stdout  # the project's own default
+    assert "nvidia.com/gpu.product=A100" in result.stdout
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    file = tmp_path / "cm.yaml"
+    file.write_text("kind: ConfigMap\nmetadata: {name: x}\n")
+    result = run_review(file)
+    assert result.returncode == 2
+    assert "expected a Pod or an AdmissionReview" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = run_review(file, state=tmp_path / "nowhere")
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr
