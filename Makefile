@@ -7,7 +7,7 @@ STATE  ?= examples/cluster
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test lint bench certs venv clean e2e
+.PHONY: run test lint bench certs venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,6 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
-
-e2e:
-	@command -v kind >/dev/null || { echo "kind is not installed: e2e needs Docker and kind"; exit 1; }
-	bash hack/e2e.sh
 
 clean:
 	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache
