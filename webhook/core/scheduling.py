@@ -7,7 +7,7 @@ the settings in it, and returns a Decision with the minimal JSON patch. It never
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core.decision import Decision
@@ -101,6 +101,20 @@ def _not_allowed(what: str, chosen: Iterable[str], allowed: Sequence[str], proje
     return f"{what} {', '.join(chosen)} not available in project {project}; allowed: {listed}"
 
 
+@dataclass(slots=True)
+class _Mutation:
+    """One pod's pass through the rules: what they read, and the patch, audit annotations,
+    refusals and warnings they add up."""
+
+    target: PodTarget
+    project: ProjectScheduling
+    snapshot: ClusterSnapshot
+    patch: PodPatch
+    warnings: list[str]
+    audit: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
 def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decision:
     target = pod_target(request, snapshot)
     if target is None:
@@ -114,37 +128,23 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
         # block the project's pods, so fall back to the cluster's project subset and say so.
         warnings.append(f"project scheduling settings ignored: {exc}")
         project = parse_project_scheduling(NamespaceInfo(name=target.namespace.name), settings)
-
-    patch = PodPatch(target.pod)
-    audit: dict[str, str] = {}
-    errors: list[str] = []
-
     warnings.extend(project.notes)
-    affinity, anti_affinity = _node_labels(target, project, errors)
-    if not errors and (affinity or anti_affinity):
-        terms_error = _inject_node_affinity(target, affinity, anti_affinity, settings, patch)
-        if terms_error:
-            errors.append(terms_error)
-        else:
-            if affinity:
-                audit["affinity"] = ",".join(affinity)
-            if anti_affinity:
-                audit["anti-affinity"] = ",".join(anti_affinity)
+    m = _Mutation(target=target, project=project, snapshot=snapshot, patch=PodPatch(target.pod), warnings=warnings)
 
-    _priority(target, project, snapshot, patch, audit, errors, warnings)
+    _node_affinity(m)
+    _priority(m)
     if settings.run_ai_enable:
-        _runai_queue(target, patch, audit, warnings)
+        _runai_queue(m)
         if settings.kueue_installed:
-            warnings.append("Kueue and Run:ai are both enabled in settings; only the Run:ai queue was set")
+            m.warnings.append("Kueue and Run:ai are both enabled in settings; only the Run:ai queue was set")
     elif settings.kueue_installed:
-        _kueue(target, project, snapshot, patch, audit, errors, warnings)
+        _kueue(m)
     else:
-        _kueue_off(target, warnings)
+        _kueue_off(m)
 
-    if errors:
-        return Decision.deny("; ".join(errors), code=403, reason="Forbidden", warnings=warnings)
-    ops = patch.operations()
-    return Decision.allow(warnings=warnings, audit=audit, patch=ops)
+    if m.errors:
+        return Decision.deny("; ".join(m.errors), code=403, reason="Forbidden", warnings=m.warnings)
+    return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations())
 
 
 # A project's scheduling is a pure function of two immutable objects that only change when a
@@ -166,6 +166,20 @@ def _project_scheduling(namespace: NamespaceInfo, settings: ClusterSettings) -> 
 
 
 # -- S1/S2: node labels ------------------------------------------------------------------------
+def _node_affinity(m: _Mutation) -> None:
+    affinity, anti_affinity = _node_labels(m.target, m.project, m.errors)
+    if m.errors or not (affinity or anti_affinity):
+        return
+    terms_error = _inject_node_affinity(m.target, affinity, anti_affinity, m.snapshot.settings, m.patch)
+    if terms_error:
+        m.errors.append(terms_error)
+        return
+    if affinity:
+        m.audit["affinity"] = ",".join(affinity)
+    if anti_affinity:
+        m.audit["anti-affinity"] = ",".join(anti_affinity)
+
+
 def _node_labels(target: PodTarget, project: ProjectScheduling, errors: list[str]) -> tuple[list[str], list[str]]:
     """The workload's affinity labels when it chose, else the project's defaults (which already
     fall back to the cluster's)."""
@@ -263,7 +277,7 @@ def _inject_node_affinity(
             f"the limit of {limit}: simplify the pod's nodeAffinity or choose fewer affinity labels"
         )
 
-    if "affinity" not in target.spec or not isinstance(target.spec.get("affinity"), Mapping):
+    if not isinstance(target.spec.get("affinity"), Mapping):
         required_value = {"nodeSelectorTerms": new_terms}
         patch.add(
             "/spec/affinity",
@@ -282,100 +296,84 @@ def _inject_node_affinity(
 
 
 # -- S1/S3: priority ---------------------------------------------------------------------------
-def _priority(
-    target: PodTarget,
-    project: ProjectScheduling,
-    snapshot: ClusterSnapshot,
-    patch: PodPatch,
-    audit: dict[str, str],
-    errors: list[str],
-    warnings: list[str],
-) -> None:
-    classes = snapshot.priority_classes
-    chosen = target.spec.get("priorityClassName") or None
-    if chosen is not None and chosen not in project.priority_classes:
+def _priority(m: _Mutation) -> None:
+    classes = m.snapshot.priority_classes
+    allowed = m.project.priority_classes
+    chosen = m.target.spec.get("priorityClassName") or None
+    if chosen is not None and chosen not in allowed:
         existing = classes.get(str(chosen))
         if existing is not None and existing.global_default:
             chosen = None  # the Priority admission plugin put the cluster's global default there
         else:
-            errors.append(
-                _not_allowed("priority class", [str(chosen)], project.priority_classes, target.namespace.name)
-            )
+            m.errors.append(_not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
             return
-    effective = chosen or project.default_priority_class
+    effective = chosen or m.project.default_priority_class
     if effective is None:
         return
     priority_class = classes.get(effective)
     if priority_class is None:
         if chosen is None:
-            warnings.append(f"default priority class {effective} does not exist in the cluster; none set")
+            m.warnings.append(f"default priority class {effective} does not exist in the cluster; none set")
         return
     # S3: the Priority admission plugin ran before us, so priority must follow the class we set.
-    patch.set_spec("priorityClassName", priority_class.name)
-    patch.set_spec("priority", priority_class.value)
-    patch.set_spec("preemptionPolicy", priority_class.preemption_policy)
-    audit["priority-class"] = priority_class.name
+    m.patch.set_spec("priorityClassName", priority_class.name)
+    m.patch.set_spec("priority", priority_class.value)
+    m.patch.set_spec("preemptionPolicy", priority_class.preemption_policy)
+    m.audit["priority-class"] = priority_class.name
 
 
 # -- S4: Kueue ---------------------------------------------------------------------------------
-def _kueue(
-    target: PodTarget,
-    project: ProjectScheduling,
-    snapshot: ClusterSnapshot,
-    patch: PodPatch,
-    audit: dict[str, str],
-    errors: list[str],
-    warnings: list[str],
-) -> None:
-    settings = snapshot.settings
-    ns = target.namespace.name
-    existing_queues = snapshot.local_queues.get(ns, frozenset())
+def _kueue(m: _Mutation) -> None:
+    settings = m.snapshot.settings
+    project = m.project
+    ns = m.target.namespace.name
+    existing_queues = m.snapshot.local_queues.get(ns, frozenset())
     allowed = list(project.queues) if project.queues is not None else sorted(existing_queues)
-    chosen = target.labels.get(KUEUE_QUEUE_LABEL) or None
+    chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
     if chosen is not None and str(chosen) not in allowed:
-        errors.append(_not_allowed("queue", [str(chosen)], allowed, ns))
+        m.errors.append(_not_allowed("queue", [str(chosen)], allowed, ns))
     elif chosen is None:
-        if target.kind == "system-job":
+        if m.target.kind == "system-job":
             queue = settings.kueue_system_jobs_local_queue
         else:
             queue = project.default_queue or settings.kueue_project_default_local_queue
         if queue not in existing_queues:
-            warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
-        patch.set_label(KUEUE_QUEUE_LABEL, queue)
-        audit["queue"] = queue
+            m.warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
+        m.patch.set_label(KUEUE_QUEUE_LABEL, queue)
+        m.audit["queue"] = queue
     else:
-        audit["queue"] = str(chosen)
+        m.audit["queue"] = str(chosen)
 
     units = settings.scheduler.available.topologies
-    chosen_unit = target.annotations.get(TOPOLOGY_ANNOTATION)
+    chosen_unit = m.target.annotations.get(TOPOLOGY_ANNOTATION)
     if chosen_unit is not None and str(chosen_unit) not in units:
-        errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
+        m.errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
         return
     unit = chosen_unit or project.default_topology
     if unit is None:
         return
     if unit not in units:
-        warnings.append(f"default topology {unit} is not a topology unit; none set")
+        m.warnings.append(f"default topology {unit} is not a topology unit; none set")
         return
-    patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, units[str(unit)])
-    audit["topology"] = str(unit)
+    m.patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, units[str(unit)])
+    m.audit["topology"] = str(unit)
 
 
-def _kueue_off(target: PodTarget, warnings: list[str]) -> None:
-    if TOPOLOGY_ANNOTATION in target.annotations:
-        warnings.append("Kueue is not installed: the topology choice has no effect")
-    if KUEUE_QUEUE_LABEL in target.labels:
-        warnings.append("Kueue is not installed: the queue label has no effect")
+def _kueue_off(m: _Mutation) -> None:
+    if TOPOLOGY_ANNOTATION in m.target.annotations:
+        m.warnings.append("Kueue is not installed: the topology choice has no effect")
+    if KUEUE_QUEUE_LABEL in m.target.labels:
+        m.warnings.append("Kueue is not installed: the queue label has no effect")
 
 
 # -- S5: Run:ai --------------------------------------------------------------------------------
-def _runai_queue(target: PodTarget, patch: PodPatch, audit: dict[str, str], warnings: list[str]) -> None:
-    queue = target.namespace.runai_queue
+def _runai_queue(m: _Mutation) -> None:
+    queue = m.target.namespace.runai_queue
     if queue is None:
         return  # not bound yet: /validate/pods binds it or refuses the pod
-    current = target.labels.get(RUNAI_QUEUE_LABEL)
+    current = m.target.labels.get(RUNAI_QUEUE_LABEL)
     if current is not None and current != queue:
         # A pod must never run in another project's Run:ai queue.
-        warnings.append(f"runai/queue {current} replaced by this project's queue {queue}")
-    patch.set_label(RUNAI_QUEUE_LABEL, queue)
-    audit["runai-queue"] = queue
+        m.warnings.append(f"runai/queue {current} replaced by this project's queue {queue}")
+    m.patch.set_label(RUNAI_QUEUE_LABEL, queue)
+    m.audit["runai-queue"] = queue
