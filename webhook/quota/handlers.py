@@ -89,8 +89,11 @@ def validate_pods_handler(
             info = state.snapshot().namespaces.get(namespace)
             queue = info.runai_queue if info is not None else None
             warnings.append(f"project namespace {namespace} was bound to Run:ai project {queue} on this start")
-        if decision.allowed and reservation_need(request, state.snapshot()) is not None:
-            decision = await reservations.reserve(request, state.snapshot(), now)
+        # dryRun has no side effects (sideEffects: NoneOnDryRun): the cache's answer only.
+        if decision.allowed and not is_dry_run(request):
+            need = reservation_need(request, state.snapshot())
+            if need is not None:
+                decision = await reservations.reserve(request, state.snapshot(), now, need)
         if warnings:
             decision = dataclasses.replace(decision, warnings=(*warnings, *decision.warnings))
         return decision

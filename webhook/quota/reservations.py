@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from webhook.admission import is_dry_run
 from webhook.core.decision import Decision
 from webhook.core.kinds import pod_gpu_request
 from webhook.core.scheduling import pod_target
@@ -180,13 +179,16 @@ class GpuReservations:
         return self._reservations.get(namespace, {})
 
     # -- the write ----------------------------------------------------------------------------
-    async def reserve(self, request: Mapping[str, Any], snapshot: ClusterSnapshot, now: float) -> Decision:
+    async def reserve(
+        self,
+        request: Mapping[str, Any],
+        snapshot: ClusterSnapshot,
+        now: float,
+        need: tuple[str, str | None, float],
+    ) -> Decision:
         """The pure decision, made again against the ConfigMap the API server holds, and the
-        reservation written with its resourceVersion. Requests that need none get `validate_pod`."""
-        need = reservation_need(request, snapshot)
-        if need is None or is_dry_run(request):
-            # dryRun has no side effects (sideEffects: NoneOnDryRun): the cache's answer only.
-            return validate_pod(request, snapshot, now)
+        reservation written with its resourceVersion. `need` is `reservation_need`'s answer for a
+        request that needs a reservation (not a dry run: that has no side effects)."""
         namespace, kind, gpus = need
         key = request_key(request)
         pod = (request.get("object") or {}).get("metadata") or {}
