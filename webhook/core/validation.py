@@ -70,16 +70,32 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         return Decision.deny(f"GPU request: {exc}", code=400, reason="Invalid")
     if gpus <= 0:
         return Decision.allow()
-    if snapshot.runai_projects is None or ns.name not in snapshot.runai_projects:
+    return check_quota(
+        snapshot,
+        ns.name,
+        gpus,
+        now,
+        exclude=request_key(request),
+        asks=f"this {target.kind} asks for {format_gpus(gpus)}. Stop another GPU {target.kind} or ask an "
+        "administrator for more Run:ai quota",
+    )
+
+
+def check_quota(
+    snapshot: ClusterSnapshot, namespace: str, gpus: float, now: float, *, asks: str, exclude: str = ""
+) -> Decision:
+    """R3 for a bound project: allow `gpus` more GPUs when the project has that many of its
+    deserved GPUs left. A refusal says "N of M deserved GPUs left; " and then `asks` (what the
+    request asks for and what the user can do)."""
+    if snapshot.runai_projects is None or namespace not in snapshot.runai_projects:
         # Bound but the Run:ai view is missing: Run:ai enforces the quota when it schedules.
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
-    deserved = snapshot.runai_projects[ns.name].deserved_gpus
-    left = deserved - gpus_in_use(snapshot, ns.name, now, exclude=request_key(request))
+    deserved = snapshot.runai_projects[namespace].deserved_gpus
+    left = deserved - gpus_in_use(snapshot, namespace, now, exclude=exclude)
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {ns.name} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs left; "
-            f"this {target.kind} asks for {format_gpus(gpus)}. Stop another GPU {target.kind} or ask an "
-            "administrator for more Run:ai quota",
+            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs left; "
+            + asks,
             code=403,
             reason=OVER_QUOTA,
         )

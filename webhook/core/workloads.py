@@ -16,7 +16,7 @@ from typing import Any
 from webhook.core.decision import Decision
 from webhook.core.kinds import classify_workload, pod_gpu_request
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import EPSILON, OVER_QUOTA, format_gpus, gpus_in_use
+from webhook.core.validation import EPSILON, check_quota, format_gpus
 from webhook.settings import QUOTA_CHECKED_KINDS, WorkloadKindRules
 from webhook.snapshot import ClusterSnapshot
 
@@ -195,18 +195,13 @@ def validate_workload(
         return Decision.allow(
             warnings=[f"project {ns} is not bound to Run:ai yet: GPU quota is checked when its pods start"]
         )
-    if snapshot.runai_projects is None or ns not in snapshot.runai_projects:
-        return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
-    deserved = snapshot.runai_projects[ns].deserved_gpus
-    left = deserved - gpus_in_use(snapshot, ns, now)
-    if increase > left + EPSILON:
-        more = " more" if old is not None and old.total > 0 else ""
-        return Decision.deny(
-            f"project {ns} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs left; "
-            f"{target.kind} {target.name} ({new.kind}) asks for {format_gpus(increase)}{more} "
-            f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
-            "workload or ask an administrator for more Run:ai quota",
-            code=403,
-            reason=OVER_QUOTA,
-        )
-    return Decision.allow(audit={"gpus": format_gpus(increase), "gpus-left": format_gpus(left - increase)})
+    more = " more" if old is not None and old.total > 0 else ""
+    return check_quota(
+        snapshot,
+        ns,
+        increase,
+        now,
+        asks=f"{target.kind} {target.name} ({new.kind}) asks for {format_gpus(increase)}{more} "
+        f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
+        "workload or ask an administrator for more Run:ai quota",
+    )
