@@ -202,26 +202,31 @@ def make_serving_cert(
     key = key or generate_key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
     sans += [x509.IPAddress(a) for a in addrs]
-    cert = _issue(
-        # Verifiers ignore the CN when SANs exist (Go since 1.15); it is for humans reading logs.
-        subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{service}.{namespace}.svc")]),
-        public_key=key.public_key(),
-        issuer=ca,
-        signing_key=ca.key,
-        days=days,
-        extensions=[
-            (x509.BasicConstraints(ca=False, path_length=None), True),
-            (_key_usage(digital_signature=True), True),
-            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
-            (x509.SubjectAlternativeName(sans), False),
-        ],
+    # Verifiers ignore the CN when SANs exist (Go since 1.15); it is for humans reading logs.
+    return _issue_leaf(
+        ca,
+        f"{service}.{namespace}.svc",
+        key,
+        days,
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        extra=[(x509.SubjectAlternativeName(sans), False)],
     )
-    return CertKey(cert=cert, key=key)
 
 
 def make_client_cert(ca: CertKey, common_name: str = "kube-apiserver-webhook-client", days: int = 365) -> CertKey:
     """A client certificate (EKU clientAuth), as the apiserver presents to a webhook."""
-    key = generate_key()
+    return _issue_leaf(ca, common_name, generate_key(), days, ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def _issue_leaf(
+    ca: CertKey,
+    common_name: str,
+    key: CertificateIssuerPrivateKeyTypes,
+    days: int,
+    usage: x509.ObjectIdentifier,
+    extra: Sequence[tuple[x509.ExtensionType, bool]] = (),
+) -> CertKey:
+    """An end-entity certificate for `key`, signed by `ca`, for one extended key usage."""
     cert = _issue(
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
         public_key=key.public_key(),
@@ -231,7 +236,8 @@ def make_client_cert(ca: CertKey, common_name: str = "kube-apiserver-webhook-cli
         extensions=[
             (x509.BasicConstraints(ca=False, path_length=None), True),
             (_key_usage(digital_signature=True), True),
-            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+            (x509.ExtendedKeyUsage([usage]), False),
+            *extra,
         ],
     )
     return CertKey(cert=cert, key=key)
