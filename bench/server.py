@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from webhook.admission import dumps, loads
 from webhook.tls import make_server_ssl_context
 
 
@@ -37,13 +37,13 @@ async def _wait_for_signal() -> None:
 
 async def bare(certs: Path, host: str, port: int) -> None:
     async def allow(request: web.Request) -> web.Response:
-        review = json.loads(await request.read())
+        review = loads(await request.read())
         answer = {
             "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
             "kind": "AdmissionReview",
             "response": {"uid": review["request"]["uid"], "allowed": True},
         }
-        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+        return web.Response(body=dumps(answer), content_type="application/json")
 
     async def ready(_: web.Request) -> web.Response:
         return web.json_response({"ready": True})

@@ -7,10 +7,10 @@ dicts the decision functions read, so nothing unknown is lost or re-serialised.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from webhook.core.decision import Decision
@@ -63,10 +63,25 @@ class AdmissionReviewIn(_Lenient):
     request: AdmissionRequest
 
 
+def loads(body: bytes) -> Any:
+    """Strict RFC 8259 JSON (orjson: about twice as fast as the stdlib on a pod, and it refuses
+    NaN, invalid UTF-8 and integers beyond 64 bits, none of which a real apiserver sends)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc) or "recursion" in str(exc):
+            raise RecursionError(str(exc)) from None
+        raise
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
 def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
     """(apiVersion, request dict). Raises BadReview with a reason a human can act on."""
     try:
-        raw = json.loads(body)
+        raw = loads(body)
     except ValueError as exc:
         # JSONDecodeError, UnicodeDecodeError, and the plain ValueError of an integer literal past
         # Python's digit limit (CVE-2020-10735): all a bad body, never a 500.
@@ -108,7 +123,7 @@ def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]
         }
     if decision.patch and decision.allowed:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(list(decision.patch)).encode()).decode()
+        response["patch"] = base64.b64encode(dumps(list(decision.patch))).decode()
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     if decision.audit:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -18,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook.admission import BadReview, build_response, parse_review
+from webhook.admission import BadReview, build_response, dumps, parse_review
 from webhook.core.decision import Decision
 from webhook.core.guard import GuardConfig, Identities, validate_settings_request
 from webhook.core.scheduling import mutate_pod
@@ -128,9 +127,9 @@ def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.R
             decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
         outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
         counted[outcome].inc()
-        payload = json.dumps(build_response(version, review["uid"], decision), separators=(",", ":"))
+        payload = dumps(build_response(version, review["uid"], decision))
         latency.observe(time.perf_counter() - started)
-        return web.Response(body=payload.encode(), content_type="application/json")
+        return web.Response(body=payload, content_type="application/json")
 
     return route
 
