@@ -13,44 +13,16 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import ssl
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from bench.workload import LOOPBACK, SERVICE_HOST
-
-
-class StaticResolver(AbstractResolver):
-    """Only the names it is given, to loopback: no DNS, no `check_hostname=False`."""
-
-    def __init__(self, hosts: Mapping[str, str]) -> None:
-        self._hosts = dict(hosts)
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if host not in self._hosts:
-            raise OSError(f"bench resolver: unknown host {host!r}")
-        return [
-            ResolveResult(
-                hostname=host,
-                host=self._hosts[host],
-                port=port,
-                family=socket.AF_INET,
-                proto=0,
-                flags=socket.AI_NUMERICHOST,
-            )
-        ]
-
-    async def close(self) -> None:
-        return None
+from tests.support.https import StaticResolver  # the tests' harness: no DNS, no check_hostname=False
 
 
 def client_context(ca_file: Path) -> ssl.SSLContext:

@@ -68,7 +68,8 @@ async def wait_until(
 
 
 class StaticResolver(AbstractResolver):
-    """Resolves only the names it is given (to loopback); anything else is an error, not DNS."""
+    """Resolves only the names it is given (to loopback); anything else is an error, not DNS.
+    Also the bench's load generator resolves the Service name with it."""
 
     def __init__(self, hosts: Mapping[str, str]) -> None:
         self._hosts = dict(hosts)
@@ -78,7 +79,7 @@ class StaticResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         addr = self._hosts.get(host)
         if addr is None:
-            raise OSError(f"test resolver: unknown host {host!r}")
+            raise OSError(f"static resolver: unknown host {host!r}")
         return [
             ResolveResult(
                 hostname=host, host=addr, port=port, family=socket.AF_INET, proto=0, flags=socket.AI_NUMERICHOST
