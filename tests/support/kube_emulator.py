@@ -17,6 +17,13 @@ Deliberate simplifications (say so when a test relies on them):
 - a create keeps the `status` it is given (handy for tests; the apiserver resets pod status), while
   updates of the main resource keep the stored status for kinds with a status subresource;
 - no admission, no defaulting, no schema validation beyond names.
+
+RBAC (opt-in, `KubeEmulator(rbac=True)`): every request from a non-superuser token is authorized
+as the apiserver's RBAC authorizer does it, from the Role/ClusterRole/RoleBinding/ClusterRoleBinding
+objects stored here (rbac.authorization.k8s.io/v1). Denials answer 403 with the apiserver's
+message and are recorded in `denials`; allowed requests are recorded in `granted`. Not emulated:
+aggregated ClusterRoles, impersonation, the escalation check on writes of RBAC objects, and the
+default bindings beyond discovery (any authenticated user may GET /api, /apis, /version).
 """
 
 from __future__ import annotations
@@ -102,6 +109,13 @@ TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "Tok
                              virtual=True)  # fmt: skip
 SUBJECT_ACCESS_REVIEWS = ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews",
                                       "SubjectAccessReview", False, virtual=True)  # fmt: skip
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+ROLES = ResourceType(RBAC_GROUP, "v1", "roles", "Role", True)
+CLUSTER_ROLES = ResourceType(RBAC_GROUP, "v1", "clusterroles", "ClusterRole", False)
+ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "rolebindings", "RoleBinding", True)
+CLUSTER_ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", False)
+RBAC_RESOURCES = (ROLES, CLUSTER_ROLES, ROLE_BINDINGS, CLUSTER_ROLE_BINDINGS)
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES, PODS, CONFIGMAPS, SECRETS, EVENTS, LEASES, PRIORITY_CLASSES, DEPLOYMENTS,
@@ -285,6 +299,98 @@ class AccessRule:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A request the RBAC mode refused, and the message it answered with."""
+
+    request: AccessRequest
+    message: str
+
+
+# Any authenticated user may read these (the default `system:discovery` and
+# `system:public-info-viewer` bindings); longer /api and /apis paths are resource requests.
+_DISCOVERY_PREFIXES = ("/api", "/apis", "/version", "/healthz", "/livez", "/readyz", "/openapi")
+_VERB_OF_METHOD = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
+                   "DELETE": "delete"}  # fmt: skip
+_NAMESPACE_SUBRESOURCES = ("status", "finalize")
+
+
+def request_attributes(
+    method: str, path: str, query: Mapping[str, str], user: str, groups: tuple[str, ...]
+) -> AccessRequest:
+    """The authorization attributes of one HTTP request, as the apiserver's RequestInfoFactory
+    derives them: verb from method and query, namespace, resource, subresource and name from the
+    path; a list or watch names an object only through a `metadata.name` field selector."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        group, rest = parts[1], parts[3:]
+    else:
+        return AccessRequest(user, groups, method.lower(), "", path=path or "/")
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) > 1:
+        namespace = rest[1]  # also for the Namespace object itself, as in Kubernetes
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+            rest = rest[2:]
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    subresource = rest[2] if len(rest) > 2 else ""
+    verb = _VERB_OF_METHOD.get(method, method.lower())
+    if verb == "delete" and not name:
+        verb = "deletecollection"
+    if verb == "get" and not name:
+        verb = "watch" if _truthy(query.get("watch")) else "list"
+        for term in _split_terms(query.get("fieldSelector", "")):
+            m = re.match(r"^metadata\.name\s*==?\s*(.+)$", term)
+            if m:
+                name = m[1].strip()
+    return AccessRequest(user, groups, verb, resource, namespace or None, group, name, subresource)
+
+
+def _subject_matches(subject: Mapping[str, Any], user: str, groups: tuple[str, ...], binding_ns: str) -> bool:
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "User":
+        return name == user
+    if kind == "Group":
+        return name in groups
+    if kind == "ServiceAccount":
+        # A RoleBinding may leave out the namespace of a ServiceAccount of its own namespace.
+        namespace = subject.get("namespace") or binding_ns
+        return bool(namespace) and user == f"system:serviceaccount:{namespace}:{name}"
+    return False
+
+
+def _rule_allows(rule: Mapping[str, Any], req: AccessRequest) -> bool:
+    """rbac/v1 PolicyRule matching, as `RuleAllows` in Kubernetes."""
+    verbs = rule.get("verbs") or ()
+    if "*" not in verbs and req.verb not in verbs:
+        return False
+    if not req.resource:  # a non-resource URL
+        return any(u == req.path or (u.endswith("*") and req.path.startswith(u[:-1]))
+                   for u in rule.get("nonResourceURLs") or ())  # fmt: skip
+    groups = rule.get("apiGroups") or ()
+    if "*" not in groups and req.group not in groups:
+        return False
+    combined = f"{req.resource}/{req.subresource}" if req.subresource else req.resource
+    resources = rule.get("resources") or ()
+    if not any(r in ("*", combined) or (req.subresource and r == f"*/{req.subresource}") for r in resources):
+        return False
+    names = rule.get("resourceNames") or ()
+    return not names or req.name in names
+
+
+def forbidden_message(req: AccessRequest) -> str:
+    """The apiserver's 403 message (`responsewriters.Forbidden` over `apierrors.NewForbidden`)."""
+    if not req.resource:
+        return f'forbidden: User "{req.user}" cannot {req.verb} path "{req.path}"'
+    resource = f"{req.resource}/{req.subresource}" if req.subresource else req.resource
+    scope = f'in the namespace "{req.namespace}"' if req.namespace else "at the cluster scope"
+    why = f'User "{req.user}" cannot {req.verb} resource "{resource}" in API group "{req.group}" {scope}'
+    qualified = f"{req.resource}.{req.group}" if req.group else req.resource
+    return f'{qualified} "{req.name}" is forbidden: {why}' if req.name else f"{qualified} is forbidden: {why}"
+
+
 # -- recorded requests and watches -----------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
@@ -367,8 +473,13 @@ class KubeEmulator:
         default_watch_timeout: float = 1800.0,
         bookmark_interval: float | None = None,
         gone_in_stream: bool = True,
+        rbac: bool = False,
     ) -> None:
         self.token = token  # when set, every request needs `Authorization: Bearer <token>` (or a user's)
+        # RBAC mode: users' requests are authorized by the stored RBAC objects; `token` is a superuser.
+        self.rbac = rbac
+        self.denials: list[Denial] = []
+        self.granted: list[AccessRequest] = []  # the allowed requests of non-superusers
         self.strict_namespaces = strict_namespaces  # 404/403 for content of missing/terminating ns
         self.history_limit = history_limit
         self.default_watch_timeout = default_watch_timeout
@@ -381,7 +492,7 @@ class KubeEmulator:
         self.rules: list[AccessRule] = []  # for SubjectAccessReview, unless `authorizer` is set
         self.authorizer: Callable[[AccessRequest], bool] | None = None
         self._types: dict[tuple[str, str], ResourceType] = {}
-        for rt in resources:
+        for rt in (*resources, *(RBAC_RESOURCES if rbac else ())):
             self.add_resource(rt)
         self._store: dict[tuple[str, str], dict[ObjKey, Obj]] = {}
         self._rv = 1
@@ -510,6 +621,58 @@ class KubeEmulator:
 
     def allow(self, subject: str, verb: str = "*", resource: str = "*", namespace: str | None = None) -> None:
         self.rules.append(AccessRule(subject, verb, resource, namespace))
+
+    def add_service_account(self, token: str, namespace: str, name: str) -> User:
+        """A token that authenticates as the ServiceAccount, with the groups Kubernetes gives it."""
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated")
+        self.add_user(token, f"system:serviceaccount:{namespace}:{name}", groups)
+        return self.users[token]
+
+    def rbac_allows(self, req: AccessRequest) -> bool:
+        """The RBAC authorizer's decision; set `authorizer = emu.rbac_allows` to answer
+        SubjectAccessReviews from the stored RBAC objects too."""
+        return self._rbac_decision(req)[0]
+
+    def _rbac_decision(self, req: AccessRequest) -> tuple[bool, str]:
+        """(allowed, reason); the reason names RBAC objects a binding refers to but that are missing."""
+        if not req.resource and any(req.path == p or req.path.startswith(p + "/") for p in _DISCOVERY_PREFIXES):
+            return req.verb == "get" and "system:authenticated" in req.groups, ""
+        errors: list[str] = []
+        bindings = [(b, "") for b in self._bucket(CLUSTER_ROLE_BINDINGS).values()]
+        if req.namespace:  # RoleBindings apply only in their own namespace
+            bindings += [
+                (b, req.namespace) for (ns, _), b in self._bucket(ROLE_BINDINGS).items() if ns == req.namespace
+            ]
+        for binding, ns in bindings:
+            if not any(_subject_matches(s, req.user, req.groups, ns) for s in binding.get("subjects") or ()):
+                continue
+            ref = binding.get("roleRef") or {}
+            role_name = str(ref.get("name", ""))
+            role_type = ROLES if ref.get("kind") == "Role" and ns else CLUSTER_ROLES
+            role = self._bucket(role_type).get((ns if role_type is ROLES else "", role_name))
+            if role is None:
+                errors.append(f'{role_type.plural}.{RBAC_GROUP} "{role_name}" not found')
+                continue
+            if any(_rule_allows(rule, req) for rule in role.get("rules") or ()):
+                return True, ""
+        return False, f"RBAC: [{', '.join(errors)}]" if errors else ""
+
+    def _authorize(self, request: web.Request, user: User) -> ApiError | None:
+        groups = tuple(dict.fromkeys((*user.groups, "system:authenticated")))
+        req = request_attributes(request.method, request.path, request.query, user.username, groups)
+        allowed, reason = self._rbac_decision(req)
+        if allowed:
+            self.granted.append(req)
+            return None
+        message = forbidden_message(req) + (f": {reason}" if reason else "")
+        self.denials.append(Denial(req, message))
+        details = {"name": req.name, "group": req.group, "kind": req.resource} if req.resource else None
+        return ApiError(403, message, details=details)
+
+    def _groups_of(self, user: User) -> list[str]:
+        # A real authenticator adds system:authenticated; only the RBAC mode relies on it.
+        extra = ("system:authenticated",) if self.rbac else ()
+        return list(dict.fromkeys((*user.groups, *extra)))
 
     def is_allowed(self, req: AccessRequest) -> bool:
         if self.authorizer is not None:
@@ -842,11 +1005,15 @@ class KubeEmulator:
                 fault.remaining -= 1
                 self._faults = [f for f in self._faults if f.remaining > 0]
                 return self._status_response(ApiError(fault.status, "injected fault"))
-        if self.token is not None:
+        if self.token is not None or self.rbac:
             auth = request.headers.get("Authorization", "")
             bearer = auth[7:] if auth.startswith("Bearer ") else None
-            if bearer != self.token and bearer not in self.users:
+            if bearer is None or (bearer != self.token and bearer not in self.users):
                 return self._status_response(ApiError(401, "Unauthorized"))
+            if self.rbac and bearer != self.token:
+                denied = self._authorize(request, self.users[bearer])
+                if denied is not None:
+                    return self._status_response(denied)
         try:
             return await handler(request)
         except ApiError as exc:
@@ -1161,7 +1328,7 @@ class KubeEmulator:
             else:
                 out["status"] = {
                     "authenticated": True,
-                    "user": {"username": user.username, "uid": user.uid, "groups": list(user.groups)},
+                    "user": {"username": user.username, "uid": user.uid, "groups": self._groups_of(user)},
                     "audiences": spec.get("audiences") or [],
                 }
             return out
