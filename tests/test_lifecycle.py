@@ -34,6 +34,7 @@ from tests.support.https import (
     CertFiles,
     StaticResolver,
     client_ssl_context,
+    free_port,
     make_cert_files,
     raw_request,
 )
@@ -44,12 +45,6 @@ EXAMPLES = ROOT / "examples" / "cluster"
 BIN = Path(sys.executable).parent
 DRAIN_SECONDS = 1.0
 CERT_POLL_SECONDS = 10.0  # CertWatcher's default interval in `serve`
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

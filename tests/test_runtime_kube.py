@@ -9,53 +9,27 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-import yaml
 
 from tests.support.cluster import namespace, priority_class, settings_configmap
-from tests.support.https import LOOPBACK, SERVICE_HOST, StaticResolver, client_ssl_context, make_cert_files
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
-from webhook.app import ServeOptions, StartupError
+from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from webhook.app import StartupError
 from webhook.metrics import REGISTRY
-from webhook.runtime import Runtime
 
 
 def request_path_calls() -> float:
     return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"}) or 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def write_kubeconfig(path: Path, url: str, token: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emu", "cluster": {"server": url}}],
-                "users": [{"name": "webhook", "user": {"token": token}}],
-                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "webhook"}}],
-                "current-context": "emu",
-            }
-        )
-    )
-    return path
-
-
 @pytest.fixture
 async def emulator() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(token="webhook-token") as emu:
+    async with KubeEmulator(token=TOKEN) as emu:
         for obj in (
             namespace("hopsworks", project=False),
             namespace("churn"),
@@ -69,31 +43,13 @@ async def emulator() -> AsyncIterator[KubeEmulator]:
         yield emu
 
 
-async def start_runtime(tmp_path: Path, emu: KubeEmulator) -> tuple[Runtime, ServeOptions, Any]:
-    certs = make_cert_files(tmp_path / "certs")
-    options = ServeOptions(
-        host=LOOPBACK,
-        port=free_port(),
-        certs=certs.dir,
-        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, "webhook-token"),
-        namespace="hopsworks",
-        drain_seconds=0.0,
-    )
-    runtime = Runtime(options)
-    await runtime.start()
-    return runtime, options, certs
-
-
 async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
     tmp_path: Path, emulator: KubeEmulator
 ) -> None:
     runtime, options, certs = await start_runtime(tmp_path, emulator)
-    connector = aiohttp.TCPConnector(
-        ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
-    )
-    base = f"https://{SERVICE_HOST}:{options.port}"
+    base = base_url(options)
     try:
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with apiserver_session(certs) as session:
             async with session.get(f"{base}/readyz") as resp:
                 assert resp.status == 200, await resp.text()
 

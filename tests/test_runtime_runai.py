@@ -10,24 +10,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from tests.support.cluster import namespace, priority_class, settings_configmap
-from tests.support.https import LOOPBACK, SERVICE_HOST, StaticResolver, client_ssl_context, make_cert_files, wait_until
+from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.test_runtime_kube import free_port, write_kubeconfig
-from webhook.app import ServeOptions
-from webhook.runtime import Runtime
+from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
 
 SECRET = "standin-client-secret"
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
-    async with KubeEmulator(token="webhook-token") as emu, RunaiStandin(client_secret=SECRET) as runai:
+    async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("vision-dept")
         settings = settings_configmap(
             run_ai_enable=True,
@@ -57,24 +54,10 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
     secret_dir = tmp_path / "runai-secret"
     secret_dir.mkdir()
     (secret_dir / "clientSecret").write_text(SECRET)
-    certs = make_cert_files(tmp_path / "certs")
-    options = ServeOptions(
-        host=LOOPBACK,
-        port=free_port(),
-        certs=certs.dir,
-        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, "webhook-token"),
-        namespace="hopsworks",
-        runai_secret_dir=secret_dir,
-        drain_seconds=0.0,
-    )
-    runtime = Runtime(options)
-    await runtime.start()
-    connector = aiohttp.TCPConnector(
-        ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
-    )
-    base = f"https://{SERVICE_HOST}:{options.port}"
+    runtime, options, certs = await start_runtime(tmp_path, emu, runai_secret_dir=secret_dir)
+    base = base_url(options)
     try:
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with apiserver_session(certs) as session:
 
             async def admit(path: str, review: dict[str, Any]) -> dict[str, Any]:
                 async with session.post(f"{base}{path}", json=review) as resp:

@@ -67,6 +67,13 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
 class StaticResolver(AbstractResolver):
     """Resolves only the names it is given (to loopback); anything else is an error, not DNS.
     Also the bench's load generator resolves the Service name with it."""

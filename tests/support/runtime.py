@@ -1,0 +1,76 @@
+"""The real Runtime against the Kubernetes API emulator, driven over HTTPS as the apiserver does.
+
+runtime, options, certs = await start_runtime(tmp_path, emu)          # kubeconfig, certs, a port
+async with apiserver_session(certs) as session:                        # trusts the test CA only
+    async with session.get(f"{base_url(options)}/readyz") as resp: ...
+await runtime.shutdown()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from tests.support.https import (
+    LOOPBACK,
+    SERVICE_HOST,
+    CertFiles,
+    StaticResolver,
+    client_ssl_context,
+    free_port,
+    make_cert_files,
+)
+from tests.support.kube_emulator import KubeEmulator
+from webhook.app import ServeOptions
+from webhook.runtime import Runtime
+
+TOKEN = "webhook-token"  # the emulator's token for the webhook's ServiceAccount
+
+
+def write_kubeconfig(path: Path, url: str, token: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emu", "cluster": {"server": url}}],
+                "users": [{"name": "webhook", "user": {"token": token}}],
+                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "webhook"}}],
+                "current-context": "emu",
+            }
+        )
+    )
+    return path
+
+
+async def start_runtime(tmp_path: Path, emu: KubeEmulator, **options: Any) -> tuple[Runtime, ServeOptions, CertFiles]:
+    """`serve` with no state folder, reading the emulator through a kubeconfig; `options` are
+    further ServeOptions (e.g. `runai_secret_dir`)."""
+    certs = make_cert_files(tmp_path / "certs")
+    serve = ServeOptions(
+        host=LOOPBACK,
+        port=free_port(),
+        certs=certs.dir,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN),
+        namespace="hopsworks",
+        drain_seconds=0.0,
+        **options,
+    )
+    runtime = Runtime(serve)
+    await runtime.start()
+    return runtime, serve, certs
+
+
+def apiserver_session(certs: CertFiles) -> aiohttp.ClientSession:
+    """A keep-alive session that trusts only the test CA and dials the Service name."""
+    connector = aiohttp.TCPConnector(
+        ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
+    )
+    return aiohttp.ClientSession(connector=connector)
+
+
+def base_url(options: ServeOptions) -> str:
+    return f"https://{SERVICE_HOST}:{options.port}"
