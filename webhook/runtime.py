@@ -156,13 +156,10 @@ class Runtime:
         )
         runai.reconciler.mover = mover
 
-        async def bind(namespace: str) -> object:
-            return await runai.binder.ensure_bound(namespace, "request")
-
         handlers: dict[str, AdmissionHandler] = {
             # /validate/workloads stays the cache-only default: a scale without a template passes
             # with a warning and its pods are checked one by one.
-            "/validate/pods": validate_pods_handler(self.state, reservations, bind),
+            "/validate/pods": validate_pods_handler(self.state, reservations, runai.bind_for_admission),
             "/validate/settings": settings_handler(
                 self.state, options.guard_config(), runai.directory.department_names
             ),
