@@ -203,6 +203,18 @@ def gpu_notebook(ns: str, gpus: int = 1) -> dict[str, Any]:
     }
 
 
+def hold_lease_elsewhere(kube: KubeEmulator) -> None:
+    """Another process holds the Lease for an hour: replicas never reconcile, only admission binds."""
+    kube.create_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
+            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
+        }
+    )
+
+
 def remote_calls(target: str, path: str) -> float:
     return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": target, "path": path}) or 0.0
 
@@ -358,14 +370,7 @@ async def test_project_is_bound_on_its_first_workload_start(
     kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:
     # Another process holds the Lease: this replica never reconciles, only admission binds.
-    kube.create_object(
-        {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
-            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
-        }
-    )
+    hold_lease_elsewhere(kube)
     put_settings(kube, runai)
     kube.create_object(namespace("kappa"))
     replica = await replicas()
@@ -714,14 +719,7 @@ async def test_stale_intent_without_a_project_is_taken_over_and_created_once(
 async def test_fresh_intent_of_another_binder_makes_admission_wait_not_create(
     kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:
-    kube.create_object(
-        {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
-            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
-        }
-    )
+    hold_lease_elsewhere(kube)
     put_settings(kube, runai)
     kube.create_object(namespace("busy", annotations={BINDING_ANNOTATION: intent("other-replica", 0)}))
     replica = await replicas(bind_wait_s={"request": 0.3})
@@ -734,14 +732,7 @@ async def test_two_binders_racing_create_one_runai_project(
     kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:
     # Admission on two replicas at once, with nobody leading (the Lease is held elsewhere).
-    kube.create_object(
-        {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": "scheduling-webhook-leader", "namespace": INSTALL_NS},
-            "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
-        }
-    )
+    hold_lease_elsewhere(kube)
     put_settings(kube, runai)
     runai.set_latency(0.2, method="POST", path="/api/v1/org-unit/projects")  # widen the race window
     kube.create_object(namespace("race"))
