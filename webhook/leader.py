@@ -35,6 +35,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from webhook.metrics import REMOTE_CALLS
+from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,7 @@ class LeaderElector:
     async def stop(self, *, release: bool = True) -> None:
         """Stop campaigning; stop the work; with `release`, hand the Lease over at once."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         was_leading = self.leading.is_set()
         await self._stop_leading()
         if release and was_leading:
@@ -214,10 +212,7 @@ class LeaderElector:
         self.leading.clear()
         self._renewed_at = 0.0
         work, self._work = self._work, None
-        if work is not None:
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+        await cancel_and_wait(work)
         if self.on_stopped_leading is not None:
             try:
                 self.on_stopped_leading()

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPri
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook.metrics import CERT_RELOADS
+from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -571,10 +572,7 @@ class CertWatcher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _poll(self) -> None:
         while True:

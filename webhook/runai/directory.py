@@ -19,6 +19,7 @@ from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
+from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,7 @@ class RunaiDirectory:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def poke(self) -> None:
         """Refresh soon, without waiting for it (settings changed, a binder created a project)."""

@@ -30,6 +30,7 @@ from webhook.runai.client import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.directory import RunaiDirectory
 from webhook.settings import ClusterSettings
 from webhook.state.store import ClusterState
+from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,8 @@ class RunaiIntegration:
         """Stop calling Run:ai and leading. `release_lease=False` plays a crash (tests)."""
         with contextlib.suppress(ValueError):
             self.state.listeners.remove(self._on_cluster_event)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
-            self._watch_task = None
+        task, self._watch_task = self._watch_task, None
+        await cancel_and_wait(task)
         await self.leader.stop(release=release_lease)
         await self.directory.stop()
         if release_lease:

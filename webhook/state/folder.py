@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from webhook.state.store import ClusterState
+from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,7 @@ class FolderSource:
         self._task = asyncio.create_task(self._watch(), name="state-folder-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _watch(self) -> None:
         while True:

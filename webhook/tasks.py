@@ -1,0 +1,16 @@
+"""Background tasks of the shell (watchers, refresh loops, leader election)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel `task` (None: nothing to do) and wait until it has finished."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
