@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from webhook.core.decision import Decision
 
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
-OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
 
 class BadReview(ValueError):

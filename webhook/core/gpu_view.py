@@ -40,7 +40,6 @@ UNREACHABLE = "RUN_AI_UNREACHABLE"  # no fresh Run:ai data: numbers are from the
 PROJECT_MISSING = "RUN_AI_PROJECT_MISSING"  # runai/queue names a project Run:ai does not have
 DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
 _SEVERITY = (BINDING_LEFT, NOT_BOUND, UNREACHABLE, PROJECT_MISSING, DEPARTMENT_DRIFT)
-EPSILON = 1e-9
 
 
 # ---- answers (also the client's types) -----------------------------------------------------------

@@ -93,11 +93,6 @@ def rollback_text(project: str, department: str) -> str:
     )
 
 
-def move_in_progress(ns: NamespaceInfo) -> bool:
-    """True while a department move owns the namespace's Run:ai project (binders must keep off)."""
-    return ns.moving
-
-
 # -- errors ------------------------------------------------------------------------------------
 
 
