@@ -64,7 +64,7 @@ class ClusterState:
         elif kind == "PriorityClass":
             self.priority_classes[name] = PriorityClassInfo.from_object(obj)
         elif kind == "ConfigMap":
-            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (self.install_namespace):
+            if self._is_settings(meta):
                 self._apply_settings(obj.get("data") or {})
         elif kind == "LocalQueue":
             ns = meta.get("namespace", "")
@@ -87,7 +87,7 @@ class ClusterState:
         elif kind == "PriorityClass":
             self.priority_classes.pop(name, None)
         elif kind == "ConfigMap":
-            if name == SETTINGS_CONFIGMAP and meta.get("namespace", self.install_namespace) == (self.install_namespace):
+            if self._is_settings(meta):
                 self._apply_settings({})
         elif kind == "LocalQueue":
             ns = meta.get("namespace", "")
@@ -124,6 +124,13 @@ class ClusterState:
             self._apply_settings({})
         for obj in objects:
             self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
+
+    def _is_settings(self, meta: Mapping[str, Any]) -> bool:
+        """The settings ConfigMap in the install namespace (a folder's object may omit the namespace)."""
+        return (
+            meta.get("name", "") == SETTINGS_CONFIGMAP
+            and meta.get("namespace", self.install_namespace) == self.install_namespace
+        )
 
     def _apply_settings(self, data: Mapping[str, Any]) -> None:
         try:
