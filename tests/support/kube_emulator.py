@@ -129,6 +129,7 @@ _REASONS = {
 }  # fmt: skip
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PATH_SEGMENT = re.compile(r"^(?!\.\.?$)[^/%]+$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's: no vowels, no look-alikes
 
 
@@ -797,6 +798,8 @@ class KubeEmulator:
             meta["name"] = name
         name = meta["name"]
         pattern = _DNS_LABEL if rt.kind == "Namespace" else _DNS_SUBDOMAIN
+        if rt.group == RBAC_GROUP:
+            pattern = _PATH_SEGMENT  # RBAC names need only be path segments ("hopsworks:webhook")
         if not isinstance(name, str) or len(name) > 253 or not pattern.match(name):
             raise ApiError(422, f'{rt.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": '
                            "a lowercase RFC 1123 name must consist of lower case alphanumeric characters, "
