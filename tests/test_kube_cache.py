@@ -104,7 +104,7 @@ async def test_initial_sync_fills_the_store_and_sets_readiness(
     assert set(state.synced) == {"Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"}
     assert await watcher.wait_synced(5)
     assert state.ready()
-    assert set(state.namespaces) == {INSTALL_NS, "churn", "other"}
+    assert set(state.namespaces) == {"default", INSTALL_NS, "churn", "other"}
     assert state.namespaces["churn"].is_project
     assert state.priority_classes["low"].value == 10
     assert state.settings.kueue_installed and not state.settings.run_ai_enable

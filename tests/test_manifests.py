@@ -513,7 +513,7 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     ):
         for verb in ("list", "watch"):
             assert allows(cluster, group, resource, verb), (resource, verb)
-    assert allows(cluster, "", "namespaces", "patch") and allows(cluster, "", "namespaces", "update")
+    assert allows(cluster, "", "namespaces", "patch") and not allows(cluster, "", "namespaces", "update")
     assert not allows(cluster, "", "namespaces", "create")
     assert not allows(cluster, "", "pods", "create")
     assert allows(cluster, "", "events", "create")

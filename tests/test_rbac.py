@@ -49,8 +49,8 @@ WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollectio
 EXPLAINED_BROAD: dict[tuple[str, str, str], str] = {
     ("create", "", "events"): (
         "Events are about the cluster-scoped project Namespaces; the apiserver accepts such Events "
-        "only in `default` (or no namespace), so the grant cannot be the install namespace's. The "
-        "server writes them in the install namespace today, which a real apiserver refuses (422)."
+        "only in `default`, so the grant cannot be the install namespace's (the emulator refuses "
+        "them elsewhere with 422, as the apiserver does)."
     ),
 }
 
@@ -189,8 +189,10 @@ def labels_of(emu: KubeEmulator, name: str) -> dict[str, str]:
 
 
 def events(emu: KubeEmulator, reason: str, about: str) -> list[dict[str, Any]]:
-    # Wherever the server put them: which namespace is right is a finding of its own (EXPLAINED_BROAD).
-    return [e for e in emu.objects("Event") if e["reason"] == reason and e["involvedObject"]["name"] == about]
+    # About a cluster-scoped Namespace, so in `default` (the emulator enforces it).
+    return [
+        e for e in emu.objects("Event", "default") if e["reason"] == reason and e["involvedObject"]["name"] == about
+    ]
 
 
 async def bind_vision(c: Cluster) -> None:

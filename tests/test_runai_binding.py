@@ -175,7 +175,7 @@ def creates(runai: RunaiStandin, status: int | None = 201) -> list[Any]:
 def events(kube: KubeEmulator, reason: str, name: str | None = None) -> list[dict[str, Any]]:
     return [
         e
-        for e in kube.objects("Event", INSTALL_NS)
+        for e in kube.objects("Event", "default")
         if e.get("reason") == reason and (name is None or e["involvedObject"]["name"] == name)
     ]
 

@@ -124,7 +124,9 @@ class KubeApi:
     ) -> Obj:
         """A core/v1 Event about `involved` (an object dict with kind and metadata)."""
         meta = involved.get("metadata") or {}
-        namespace = meta.get("namespace") or self.install_namespace
+        # The apiserver keeps an Event in its object's namespace, and one about a cluster-scoped
+        # object (our Namespaces) in `default`, as client-go's recorder does.
+        namespace = meta.get("namespace") or "default"
         stamp = now_rfc3339()
         body = {
             "apiVersion": "v1",

@@ -392,6 +392,20 @@ def forbidden_message(req: AccessRequest) -> str:
     return f'{qualified} "{req.name}" is forbidden: {why}' if req.name else f"{qualified} is forbidden: {why}"
 
 
+def _check_event_namespace(event: Mapping[str, Any], ns: str) -> None:
+    """The apiserver's legacy Event validation: an Event lives in its object's namespace, and one
+    about a cluster-scoped object (a Namespace, a Node) in `default`."""
+    involved = (event.get("involvedObject") or {}).get("namespace") or ""
+    expected = involved or "default"
+    if ns != expected:
+        raise ApiError(
+            422,
+            f'Event "{(event.get("metadata") or {}).get("name", "")}" is invalid: involvedObject.namespace: '
+            f"Invalid value: {involved!r}: does not match event.namespace",
+            "Invalid",
+        )
+
+
 # -- recorded requests and watches -----------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
@@ -504,6 +518,8 @@ class KubeEmulator:
         self._continues: dict[str, tuple[int, list[Obj]]] = {}
         self._runner: web.AppRunner | None = None
         self._port = 0
+        # Every cluster has `default`; Events about cluster-scoped objects live there.
+        self.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -777,6 +793,8 @@ class KubeEmulator:
             raise ApiError(400, f"the API version in the data ({body.get('apiVersion')}) does not match "
                            f"the expected API version ({rt.api_version})")  # fmt: skip
         meta = dict(body.get("metadata") or {})
+        if rt.kind == "Event":
+            _check_event_namespace(body, ns)
         if rt.namespaced:
             if meta.get("namespace") not in (None, "", ns):
                 raise ApiError(400, "the namespace of the provided object does not match the namespace "
