@@ -37,7 +37,6 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
-	$(BIN)/python -m bench.scale
 
 clean:
 	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache
