@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from webhook.core.decision import Decision
 
@@ -51,9 +51,17 @@ class AdmissionRequest(_Lenient):
     name: str = ""
     subResource: str = ""  # wire names are camelCase
     userInfo: UserInfo = Field(default_factory=UserInfo)
-    object: dict[str, Any] | None = None
-    oldObject: dict[str, Any] | None = None
+    # Checked without copying: a pod is a few hundred nested dicts the decisions read as they are.
+    object: Any = None
+    oldObject: Any = None
     dryRun: bool | None = False
+
+    @field_validator("object", "oldObject")
+    @classmethod
+    def _object_or_null(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("must be an object or null")
+        return value
 
 
 class AdmissionReviewIn(_Lenient):

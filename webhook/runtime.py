@@ -9,6 +9,7 @@ reservations, the GPU API and the admin API.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from pathlib import Path
@@ -33,6 +34,8 @@ from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
 
+GC_GEN0_THRESHOLD = 20_000
+
 
 class Stoppable(Protocol):
     async def stop(self) -> Any: ...
@@ -50,6 +53,21 @@ async def kube_api_client(kubeconfig: Path | None = None) -> ApiClient:
     else:
         await config.load_kube_config(config_file=_kubeconfig_path(kubeconfig), client_configuration=configuration)
     return ApiClient(configuration)
+
+
+def tune_garbage_collector() -> None:
+    """Keep collector pauses out of the admission latency tail.
+
+    Each review allocates thousands of short-lived containers (the parsed pod), so CPython's default
+    gen-0 threshold of 700 runs a collection several times per request; and the caches hold
+    100,000+ long-lived objects that every full collection walks again. Freezing what start-up
+    built moves it out of the collector's sight, and a larger gen-0 threshold lets a request's
+    garbage die young by reference counting instead of being traced.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 class Runtime:
@@ -96,6 +114,7 @@ class Runtime:
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
         await site.start()
+        tune_garbage_collector()
         log.info("serving on https://%s:%d", self.options.host, self.options.port)
 
     async def _start_state(self) -> None:
