@@ -218,6 +218,16 @@ CASES = [
         ),
     ),
     Case(
+        "S2 a null nodeAffinity or null required affinity is replaced, not patched into",
+        spec={"affinity": {"nodeAffinity": None, "podAffinity": None}},
+        check=_eq(("spec", *REQUIRED), [{"matchExpressions": [NOT_MAINTENANCE]}]),
+    ),
+    Case(
+        "S2 a null required node affinity is replaced",
+        spec={"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": None}}},
+        check=_eq(("spec", *REQUIRED), [{"matchExpressions": [NOT_MAINTENANCE]}]),
+    ),
+    Case(
         "S2 too many resulting terms are refused with a clear message",
         annotations={"scheduling.hopsworks.ai/affinity": f"{ZONE},disk=ssd"},
         spec={

@@ -283,7 +283,7 @@ def _inject_node_affinity(
             "/spec/affinity",
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required_value}},
         )
-    elif not node_affinity and "nodeAffinity" not in _map(target.spec.get("affinity")):
+    elif not isinstance(target.spec["affinity"].get("nodeAffinity"), Mapping):  # absent or null
         patch.add(
             "/spec/affinity/nodeAffinity",
             {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": new_terms}},
