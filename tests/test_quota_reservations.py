@@ -369,3 +369,22 @@ async def test_end_to_end_over_https(
     for srv in servers:
         async with srv.session.get(srv.url("/readyz")) as resp:
             assert resp.status == 200  # the reservation watch is synced
+
+
+async def test_the_leader_sweeps_reservations_of_deleted_namespaces_once_they_expire(
+    kube: KubeEmulator, replicas: Callable[..., Any]
+) -> None:
+    clock = Clock()
+    (a,) = await replicas(1, deserved=2, clock=clock)
+    assert (await a.handler(notebook("uid-1"))).allowed
+    await eventually(lambda: "vision" in a.state.snapshot().gpu_reservations, message="cache sees it")
+    # The namespace still exists: nothing to sweep.
+    assert await a.store.sweep(clock.now + 1000) == []
+    a.state.delete({"kind": "Namespace", "metadata": {"name": "vision"}})
+    # Gone, but a reservation is still live: kept (the pod may still be on its way).
+    assert await a.store.sweep(clock.now) == []
+    assert stored(kube)
+    # Gone and expired: deleted, and the cache forgets it through the watch.
+    assert await a.store.sweep(clock.now + 1000) == ["vision"]
+    assert kube.get_object("ConfigMap", configmap_name("vision"), INSTALL_NS) is None
+    await eventually(lambda: "vision" not in a.state.snapshot().gpu_reservations, message="cache forgot it")

@@ -112,6 +112,18 @@ class KubeApi:
         name = body["metadata"]["name"]
         return await _raw(self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), path=path)
 
+    async def delete_configmap(
+        self, name: str, *, resource_version: str | None = None, path: CallPath = "background"
+    ) -> None:
+        """Delete, only at `resource_version` when given (409 if it changed); absent is fine."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if resource_version:
+            body["preconditions"] = {"resourceVersion": resource_version}
+        try:
+            await _raw(self.core.delete_namespaced_config_map, name, self.install_namespace, body=body, path=path)
+        except KubeNotFound:
+            return
+
     # -- events ------------------------------------------------------------------------------
     async def create_event(
         self,

@@ -58,6 +58,10 @@ class MoveRecovery(Protocol):
     async def recover_all(self, namespaces: Iterable[NamespaceInfo] | None = None) -> Sequence[object]: ...
 
 
+class ReservationSweeper(Protocol):
+    async def sweep(self, now: float) -> Sequence[str]: ...
+
+
 class Reconciler:
     def __init__(
         self,
@@ -77,6 +81,8 @@ class Reconciler:
         self.backoff_max_s = backoff_max_s
         # Settles department moves left half-done (webhook.runai.departments.DepartmentMover).
         self.mover: MoveRecovery | None = None
+        # Deletes the GPU reservation ConfigMaps of namespaces that are gone (webhook.quota).
+        self.sweeper: ReservationSweeper | None = None
         self.passes = 0  # full passes completed (tests and metrics read it)
         self.last_report: PassReport | None = None
         self._queue: dict[str, None] = {}  # ordered set of namespaces to look at
@@ -180,6 +186,8 @@ class Reconciler:
                             break
                 if not report.unavailable:
                     self._check_drift(report)
+        if self.sweeper is not None:
+            await self.sweeper.sweep(time.time())
         self.last_report = report
         return report
 

@@ -174,6 +174,7 @@ class Runtime:
             instance=kube.instance,
         )
         runai.reconciler.mover = mover
+        runai.reconciler.sweeper = reservations
 
         handlers: dict[str, AdmissionHandler] = {
             # /validate/workloads stays the cache-only default: a scale without a template passes

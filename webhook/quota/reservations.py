@@ -157,6 +157,23 @@ class GpuReservations:
             await self._watcher.stop()
             self._watcher = None
 
+    async def sweep(self, now: float) -> list[str]:
+        """Delete the reservation ConfigMaps of namespaces that are gone once their entries have
+        expired (the leader runs this each pass); returns the namespaces swept."""
+        swept = []
+        for namespace, obj in list(self._objects.items()):
+            if namespace in self.state.namespaces:
+                continue
+            if any(r.expires_at > now for r in self._reservations.get(namespace, {}).values()):
+                continue
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            try:
+                await self.kube.delete_configmap(configmap_name(namespace), resource_version=version)
+            except KubeConflict:
+                continue  # written meanwhile: look again next pass
+            swept.append(namespace)
+        return swept
+
     def apply(self, obj: Mapping[str, Any]) -> None:
         namespace = _configmap_namespace(obj)
         if not namespace:
