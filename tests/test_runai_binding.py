@@ -761,3 +761,22 @@ async def test_deleting_during_an_unfinished_bind_deletes_what_was_created(
     await replicas()
     await wait_until(lambda: kube.get_object("Namespace", "halfway") is None, within=5, what="gone")
     assert created["id"] not in runai.projects
+
+
+async def test_binding_on_admission_gives_up_in_time_when_runai_hangs(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # The apiserver allows /validate/pods 10 s; a hanging control plane must get a clear refusal
+    # from us well before that, not an apiserver timeout with no reason.
+    put_settings(kube, runai)
+    replica = await replicas(request_bind_budget_s=0.5)
+    kube.put_object(namespace("omicron"))
+    await wait_until(lambda: "omicron" in replica.state.namespaces, what="namespace cached")
+    runai.latency = 5.0
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(BindingUnavailable, match=r"did not answer within 0\.5 s"):
+        await replica.runai.bind_for_admission("omicron")
+    assert asyncio.get_running_loop().time() - started < 3
+    runai.latency = 0.0
+    await wait_until(lambda: bound(kube, "omicron"), within=10, what="bound by the leader once Run:ai answers")
+    assert len(projects_named(runai, "omicron")) == 1

@@ -25,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient
 from webhook.kubeapi import KubeApi
 from webhook.leader import LeaderElector, LeaseTiming, default_identity
 from webhook.reconciler import Reconciler
-from webhook.runai.binding import Binder, BindResult, EventRecorder
+from webhook.runai.binding import Binder, BindingUnavailable, BindResult, EventRecorder
 from webhook.runai.client import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.directory import RunaiDirectory
 from webhook.settings import ClusterSettings
@@ -65,6 +65,9 @@ class IntegrationOptions:
     backoff_max_s: float = 60.0
     settings_check_s: float = 5.0  # settings are followed by ConfigMap events; this is a safety net
     client_close_grace_s: float = 30.0  # calls in flight on a replaced client may finish
+    # Binding on admission, within validate-pods' timeoutSeconds (10 s) with room for the
+    # reservation write (at most 5 s) that follows it.
+    request_bind_budget_s: float = 4.0
 
 
 def _client_key(settings: ClusterSettings) -> tuple[str, str, str]:
@@ -216,5 +219,14 @@ class RunaiIntegration:
     # -- for admission -------------------------------------------------------------------------
     async def bind_for_admission(self, namespace: str) -> BindResult:
         """Bind on a workload's first start (R2). Raises BindingError subclasses with a message for
-        the user: BindingUnavailable when Run:ai is unreachable."""
-        return await self.binder.ensure_bound(namespace, "request")
+        the user: BindingUnavailable when Run:ai is unreachable or too slow.
+
+        Bounded by `request_bind_budget_s`: the apiserver gives /validate/pods 10 s, and a timeout
+        there would refuse the pod with no reason. A bind cut short leaves its recorded intent,
+        which the next binder (or the leader's pass) finishes."""
+        budget = self.options.request_bind_budget_s
+        try:
+            async with asyncio.timeout(budget):
+                return await self.binder.ensure_bound(namespace, "request")
+        except TimeoutError:
+            raise BindingUnavailable(f"the Run:ai control plane did not answer within {budget:g} s") from None
