@@ -58,7 +58,7 @@ def mutate_handler(state: ClusterState) -> AdmissionHandler:
     return handle
 
 
-def validate_pods_handler(state: ClusterState) -> AdmissionHandler:
+def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
     """Quota and binding state without a Run:ai connection (the Run:ai integration replaces it)."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
@@ -67,7 +67,7 @@ def validate_pods_handler(state: ClusterState) -> AdmissionHandler:
     return handle
 
 
-def validate_workloads_handler(state: ClusterState) -> AdmissionHandler:
+def cached_workloads_handler(state: ClusterState) -> AdmissionHandler:
     """Replicas × GPUs of pod owners at `kubectl apply` time, from the caches only."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
@@ -88,8 +88,8 @@ def settings_handler(
 def default_handlers(state: ClusterState, guard: GuardConfig) -> dict[str, AdmissionHandler]:
     return {
         "/mutate/pods": mutate_handler(state),
-        "/validate/pods": validate_pods_handler(state),
-        "/validate/workloads": validate_workloads_handler(state),
+        "/validate/pods": cached_pods_handler(state),
+        "/validate/workloads": cached_workloads_handler(state),
         "/validate/settings": settings_handler(state, guard),
     }
 
