@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,10 +21,17 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-import yaml
 
 from tests.support.cluster import SCHEDULER, namespace, priority_class
-from tests.support.https import LOOPBACK, SERVICE_HOST, StaticResolver, client_ssl_context, make_cert_files, wait_until
+from tests.support.https import (
+    LOOPBACK,
+    SERVICE_HOST,
+    StaticResolver,
+    client_ssl_context,
+    free_port,
+    make_cert_files,
+    wait_until,
+)
 from tests.support.kube_emulator import (
     AccessRequest,
     KubeEmulator,
@@ -34,6 +40,7 @@ from tests.support.kube_emulator import (
 )
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
+from tests.support.runtime import write_kubeconfig
 from webhook.app import ServeOptions
 from webhook.manifests import render
 from webhook.runtime import Runtime
@@ -56,25 +63,6 @@ EXPLAINED_BROAD: dict[tuple[str, str, str], str] = {
 
 
 # -- the cluster ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def write_kubeconfig(path: Path, url: str, token: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emu", "cluster": {"server": url}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "sa"}}],
-        "current-context": "emu",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def rendered_manifests(ca_pem: bytes, runai: RunaiStandin) -> list[dict[str, Any]]:
