@@ -39,7 +39,6 @@ ReadinessCheck = Callable[[], str | None]  # None when ready, else what is missi
 class ServerStatus:
     draining: bool = False
     readiness: list[ReadinessCheck] = field(default_factory=list)
-    in_flight: int = 0
 
     def not_ready(self) -> list[str]:
         missing = ["shutting down"] if self.draining else []
@@ -139,8 +138,6 @@ async def errors_as_json(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every error answer is JSON with a reason; unexpected ones never show a traceback."""
-    status = request.app[SERVER_KEY]
-    status.in_flight += 1
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -150,8 +147,6 @@ async def errors_as_json(
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _json_error(500, "internal error; see the server log")
-    finally:
-        status.in_flight -= 1
 
 
 async def healthz(_: web.Request) -> web.Response:
