@@ -28,7 +28,9 @@ class BadReview(ValueError):
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    # Only checks the shape: the decisions read the raw dict, so unknown fields stay there and
+    # need not be copied into the model (that copy was a third of the validation).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class GroupVersionKind(_Lenient):

@@ -21,17 +21,22 @@ class PodPatch:
 
     def __init__(self, pod: Mapping[str, Any]) -> None:
         self._pod = pod
+        meta = pod.get("metadata")
+        # JSON objects decode to dict; None marks a map the pod does not have (absent or null).
+        self._meta = meta if isinstance(meta, dict) else None
+        self._existing_labels = _dict_or_none(self._meta, "labels")
+        self._existing_annotations = _dict_or_none(self._meta, "annotations")
         self._labels: dict[str, str] = {}
         self._annotations: dict[str, str] = {}
         self._spec: dict[str, Any] = {}
         self._ops: list[dict[str, Any]] = []
 
     def set_label(self, key: str, value: str) -> None:
-        if self._meta_map("labels").get(key) != value:
+        if self._existing_labels is None or self._existing_labels.get(key) != value:
             self._labels[key] = value
 
     def set_annotation(self, key: str, value: str) -> None:
-        if self._meta_map("annotations").get(key) != value:
+        if self._existing_annotations is None or self._existing_annotations.get(key) != value:
             self._annotations[key] = value
 
     def set_spec(self, field: str, value: Any) -> None:
@@ -43,26 +48,27 @@ class PodPatch:
         """A raw operation for paths whose parents the caller has checked."""
         self._ops.append({"op": "add", "path": path, "value": value})
 
-    def _meta_map(self, name: str) -> Mapping[str, Any]:
-        meta = self._pod.get("metadata") or {}
-        value = meta.get(name)
-        return value if isinstance(value, Mapping) else {}
-
     def operations(self) -> list[dict[str, Any]]:
         ops: list[dict[str, Any]] = []
-        meta = self._pod.get("metadata")
-        if not isinstance(meta, Mapping) and (self._labels or self._annotations):
+        if self._meta is None and (self._labels or self._annotations):
             ops.append({"op": "add", "path": "/metadata", "value": {}})
-            meta = {}
-        for name, values in (("labels", self._labels), ("annotations", self._annotations)):
+        for name, existing, values in (
+            ("labels", self._existing_labels, self._labels),
+            ("annotations", self._existing_annotations, self._annotations),
+        ):
             if not values:
                 continue
-            if isinstance(meta, Mapping) and isinstance(meta.get(name), Mapping):
-                ops.extend(
-                    {"op": "add", "path": f"/metadata/{name}/{escape(k)}", "value": v} for k, v in values.items()
-                )
-            else:
+            if existing is None:
                 ops.append({"op": "add", "path": f"/metadata/{name}", "value": dict(values)})
-        ops.extend({"op": "add", "path": f"/spec/{escape(k)}", "value": v} for k, v in self._spec.items())
+            else:
+                for k, v in values.items():
+                    ops.append({"op": "add", "path": f"/metadata/{name}/{escape(k)}", "value": v})
+        for k, v in self._spec.items():
+            ops.append({"op": "add", "path": f"/spec/{escape(k)}", "value": v})
         ops.extend(self._ops)
         return ops
+
+
+def _dict_or_none(meta: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    value = meta.get(name) if meta is not None else None
+    return value if isinstance(value, dict) else None
