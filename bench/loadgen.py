@@ -121,7 +121,9 @@ async def run_load(
         "answered": answered[0],
         "rps": count / seconds,
         "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p90_ms": percentile(latencies, 0.90) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
+        "p999_ms": percentile(latencies, 0.999) * 1000,
         "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
         "errors": errors,
         "loadgen_cpu": cpu / wall if wall else 0.0,  # share of one core the generator used

@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.cluster import cluster_state, namespace
 from tests.support.reviews import pod_review
+from webhook.core.kinds import parse_quantity
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
 
@@ -163,3 +164,21 @@ def test_expired_reservations_and_reservations_of_visible_pods_do_not_count() ->
 @pytest.mark.parametrize(("value", "text"), [(0, "0"), (2, "2"), (0.5, "0.5"), (1.25, "1.25"), (0.3333, "0.33")])
 def test_gpu_numbers_read_well(value: float, text: str) -> None:
     assert format_gpus(value) == text
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1", 1.0), ("0", 0.0), (" 2 ", 2.0), ("16", 16.0), (3, 3.0), (0.5, 0.5), ("500m", 0.5),
+        ("1k", 1000.0), ("1Ki", 1024.0), ("2Mi", 2.0 * 2**20), ("1G", 1e9), ("1.5", 1.5),
+        ("9" * 16, float("9" * 16)), ("1" + "0" * 400, float("inf")),  # past the digit fast path
+    ],
+)  # fmt: skip
+def test_gpu_quantities_parse_like_kubernetes(raw: object, expected: float) -> None:
+    assert parse_quantity(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "-1", "1x", "1e", "nan", True, float("nan"), -2, "Mi"])
+def test_malformed_gpu_quantities_are_refused(raw: object) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(raw)

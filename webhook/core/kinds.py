@@ -33,6 +33,13 @@ def classify_workload(labels: Mapping[str, Any], rules: WorkloadKindRules) -> st
     return None
 
 
+# Binary suffixes first: "Mi" must not be read as "M" after stripping "i".
+_QUANTITY_SUFFIXES = (
+    ("Ki", Decimal(2) ** 10), ("Mi", Decimal(2) ** 20), ("Gi", Decimal(2) ** 30),
+    ("m", Decimal("0.001")), ("k", Decimal(10) ** 3), ("M", Decimal(10) ** 6), ("G", Decimal(10) ** 9),
+)  # fmt: skip
+
+
 def parse_quantity(value: Any) -> float:
     """A Kubernetes quantity as a number ("2", "500m", "1k"). Raises ValueError when malformed."""
     if isinstance(value, bool):
@@ -42,14 +49,12 @@ def parse_quantity(value: Any) -> float:
             raise ValueError(f"not a quantity: {value!r}")
         return float(value)
     text = str(value).strip()
-    suffixes = {
-        "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-        "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    }  # fmt: skip
+    if len(text) <= 15 and text.isdigit() and text.isascii():
+        return float(int(text))  # "1", "2": nearly every GPU request, exact and without Decimal
     scale = Decimal(1)
-    for suffix in ("Ki", "Mi", "Gi", "m", "k", "M", "G"):
+    for suffix, factor in _QUANTITY_SUFFIXES:
         if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], suffixes[suffix]
+            text, scale = text[: -len(suffix)], factor
             break
     try:
         number = Decimal(text) * scale
@@ -78,9 +83,9 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> float:
     Raises ValueError on a malformed quantity.
     """
     spec = pod.get("spec") or {}
-    app = sum(_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, Mapping))
+    app = sum(_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, dict))
     init = max(
-        (_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)),
+        (_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, dict)),
         default=0.0,
     )
     gpus = max(app, init)
