@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Required
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from webhook.core.decision import Decision
 
@@ -27,49 +28,41 @@ class BadReview(ValueError):
         self.status = status
 
 
-class _Lenient(BaseModel):
-    # Only checks the shape: the decisions read the raw dict, so unknown fields stay there and
-    # need not be copied into the model (that copy was a third of the validation).
-    model_config = ConfigDict(extra="ignore", frozen=True)
+# The envelope's schema. TypedDicts, not models: the decisions read the raw dict, so validation
+# only has to check the shape, and a TypeAdapter over TypedDicts does that in about half the time of
+# models (no instances, no copies of the fields we do not name: they stay in the raw dict).
+class GroupVersionKind(TypedDict, total=False):
+    group: str
+    version: str
+    kind: Required[str]
 
 
-class GroupVersionKind(_Lenient):
-    group: str = ""
-    version: str = ""
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+
+
+class AdmissionRequest(TypedDict, total=False):
+    uid: Required[Annotated[str, Field(min_length=1)]]
+    kind: Required[GroupVersionKind]
+    operation: Required[Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]]
+    namespace: str
+    name: str
+    subResource: str  # wire names are camelCase
+    userInfo: UserInfo
+    object: dict[str, Any] | None  # a shallow check: the pod's own fields are the decisions' to read
+    oldObject: dict[str, Any] | None
+    dryRun: bool | None
+
+
+class AdmissionReviewIn(TypedDict, total=False):
+    apiVersion: str
     kind: str
+    request: Required[AdmissionRequest]
 
 
-class UserInfo(_Lenient):
-    username: str = ""
-    uid: str = ""
-    groups: list[str] = Field(default_factory=list)
-
-
-class AdmissionRequest(_Lenient):
-    uid: str = Field(min_length=1)
-    kind: GroupVersionKind
-    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
-    namespace: str = ""
-    name: str = ""
-    subResource: str = ""  # wire names are camelCase
-    userInfo: UserInfo = Field(default_factory=UserInfo)
-    # Checked without copying: a pod is a few hundred nested dicts the decisions read as they are.
-    object: Any = None
-    oldObject: Any = None
-    dryRun: bool | None = False
-
-    @field_validator("object", "oldObject")
-    @classmethod
-    def _object_or_null(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, dict):
-            raise ValueError("must be an object or null")
-        return value
-
-
-class AdmissionReviewIn(_Lenient):
-    apiVersion: str = "admission.k8s.io/v1"
-    kind: str = "AdmissionReview"
-    request: AdmissionRequest
+_REVIEW = TypeAdapter(AdmissionReviewIn)
 
 
 def loads(body: bytes) -> Any:
@@ -107,7 +100,7 @@ def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
     if "request" not in raw or raw["request"] is None:
         raise BadReview("AdmissionReview has no request")
     try:
-        AdmissionReviewIn.model_validate(raw)
+        _REVIEW.validate_python(raw)
     except ValidationError as exc:
         raise BadReview(_first_errors(exc)) from None
     return version, raw["request"]
