@@ -257,7 +257,11 @@ def _inject_node_affinity(
     own_terms = [t for t in existing if isinstance(t, dict)] if isinstance(existing, list) else []
 
     new_terms: list[dict[str, Any]] = []
-    for term in own_terms or [{}]:
+    if not own_terms:
+        # The common case, a pod without required node affinity: one term per affinity key, each
+        # with every exclusion (keys are distinct, so nothing to deduplicate).
+        new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
+    for term in own_terms:
         expressions = [e for e in term.get("matchExpressions") or () if isinstance(e, dict)]
         satisfied = all(_contains(expressions, x) for x in excluded) and (
             groups == [None] or any(_contains(expressions, g) for g in groups if g is not None)
@@ -336,10 +340,11 @@ def _kueue(m: _Mutation) -> None:
     project = m.project
     ns = m.target.namespace.name
     existing_queues = m.snapshot.local_queues.get(ns, frozenset())
-    allowed = list(project.queues) if project.queues is not None else sorted(existing_queues)
     chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
+    allowed = project.queues if project.queues is not None else existing_queues
     if chosen is not None and str(chosen) not in allowed:
-        m.errors.append(_not_allowed("queue", [str(chosen)], allowed, ns))
+        listed = list(project.queues) if project.queues is not None else sorted(existing_queues)
+        m.errors.append(_not_allowed("queue", [str(chosen)], listed, ns))
     elif chosen is None:
         if m.target.kind == "system-job":
             queue = settings.kueue_system_jobs_local_queue
