@@ -7,7 +7,7 @@ STATE  ?= examples/cluster
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test lint bench certs venv clean
+.PHONY: run test lint bench bench-instructions certs venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# Instructions per request under valgrind: the figure that stays put on a noisy machine.
+bench-instructions: $(STAMP)
+	@command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind"; exit 2; }
+	$(BIN)/python -m bench.instructions $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache

@@ -217,7 +217,10 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "rounds": len(rounds),
         "rps": median([r["rps"] for r in rounds]),
         "p50_ms": median([r["p50_ms"] for r in rounds]),
+        "p90_ms": median([r.get("p90_ms", float("nan")) for r in rounds]),
         "p99_ms": median([r["p99_ms"] for r in rounds]),
+        # The spread shows how much a busy neighbour moved the tail while this ran.
+        "p99_ms_rounds": [min(r["p99_ms"] for r in rounds), max(r["p99_ms"] for r in rounds)],
         "max_ms": max(r["max_ms"] for r in rounds),
         "errors": sum(sum(r["errors"].values()) for r in rounds),
         "requests": sum(r["requests"] for r in rounds),
@@ -230,7 +233,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per scenario per round")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds at the main concurrency")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds at the main concurrency")
     parser.add_argument("--connections", type=int, default=32, help="the main concurrency")
     parser.add_argument("--rate", type=float, default=1000.0, help="open-loop rate at the main concurrency (0: skip)")
     parser.add_argument("--extra", default="1,8", help="more connection counts, closed loop ('' for none)")
@@ -406,14 +409,17 @@ def build_report(scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate
 def print_report(report: dict[str, Any]) -> None:
     print(f"\nmedians over rounds ({report['placement']}; {report['machine']['cpus']} CPUs)")
     print(
-        f"{'scenario':<8} {'load':<18} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-        f"{'µs/req':>7} {'remote':>6}"
+        f"{'scenario':<8} {'load':<18} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
+        f"{'p99 rounds':>12} {'errors':>6} {'µs/req':>7} {'remote':>6}"
     )
     for key, s in report["scenarios"].items():
         for phase, r in s["summary"].items():
+            low, high = r["p99_ms_rounds"]
+            spread = f"{low:.1f}–{high:.1f}" if r["rounds"] > 1 else ""
             print(
-                f"{key:<8} {phase + ' conns':<18} {r['rps']:>8.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                f"{r['errors']:>6} {r['server_us_per_request']:>7.0f} {s['remote_calls_request']:>6.0f}"
+                f"{key:<8} {phase + ' conns':<18} {r['rps']:>8.0f} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f} "
+                f"{r['p99_ms']:>8.2f} {spread:>12} {r['errors']:>6} {r['server_us_per_request']:>7.0f} "
+                f"{s['remote_calls_request']:>6.0f}"
             )
     print('remote = webhook_remote_calls_total{path="request"} read from /metrics after the run (a: no metrics)')
     for name, value in report["ratios"].items():
