@@ -117,3 +117,44 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
             await wait_until(lambda: emu.get_object("Namespace", "vision") is None, within=15, what="namespace gone")
     finally:
         await runtime.shutdown()
+
+
+async def test_with_several_runai_clusters_only_the_named_one_is_used(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RunaiStandin]
+) -> None:
+    emu, runai = cluster
+    east = runai.add_cluster("gpu-east")
+    runai.add_node_pool("default", total_gpus=8, is_default=True, cluster_id=east)
+    runai.add_department("default", cluster_id=east)
+    secret_dir = tmp_path / "runai-secret"
+    secret_dir.mkdir()
+    (secret_dir / "clientSecret").write_text(SECRET)
+    runtime, options, certs = await start_runtime(tmp_path, emu, runai_secret_dir=secret_dir)
+    try:
+        async with apiserver_session(certs) as session:
+            emu.create_object(namespace("vision"))
+            # Two clusters and no name: nothing is bound, and the refusal names the clusters.
+            review = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-1")
+            async with session.post(f"{base_url(options)}/validate/pods", json=review) as resp:
+                refused = (await resp.json())["response"]
+            assert refused["allowed"] is False
+            assert "gpu-east, hopsworks" in refused["status"]["message"], refused["status"]["message"]
+            assert runai.projects == {}
+
+            # The operator names this cluster; the change is followed without a restart.
+            settings = emu.get_object("ConfigMap", "hopsworks-cluster-settings", "hopsworks")
+            settings["data"]["run_ai_cluster_name"] = "gpu-east"
+            emu.put_object(settings)
+            await wait_until(
+                lambda: "runai/queue" in (emu.get_object("Namespace", "vision") or {})["metadata"]["labels"],
+                within=15,
+                what="vision bound in gpu-east",
+            )
+            project = runai.project("vision", cluster_id=east)
+            assert project is not None
+            assert project["parentId"] == runai.department("default", cluster_id=east)["id"]
+            assert runai.project("vision") is None  # nothing in the other cluster
+            labels = emu.get_object("Namespace", "vision")["metadata"]["labels"]
+            assert labels["hopsworks.ai/runai-project-id"] == project["id"]
+    finally:
+        await runtime.shutdown()

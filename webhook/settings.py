@@ -144,6 +144,9 @@ class ClusterSettings(_Strict):
     run_ai_client_id: str = ""
     run_ai_client_secret_name: str = ""
     run_ai_client_secret_key: str = ""
+    # The Run:ai cluster this Kubernetes cluster is, by its name in Run:ai; empty: the tenant's only
+    # cluster (with several and no name, nothing is bound and the reason is logged).
+    run_ai_cluster_name: str = ""
     run_ai_default_department: str = "default"
     run_ai_project_gpu_quota: float = Field(default=0, ge=0)
     run_ai_reconcile_interval_s: float = Field(default=300, gt=0)

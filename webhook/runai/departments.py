@@ -824,7 +824,8 @@ class DepartmentMover:
 
     async def _get_cluster_id(self, runai: RunaiClient) -> str:
         # Per move, not cached: the settings may point the client at another control plane.
-        return (await runai.get_cluster(self._cluster_name)).uuid
+        name = self._cluster_name or self._cluster.settings.run_ai_cluster_name or None
+        return (await runai.get_cluster(name)).uuid
 
     async def _lookup(self, runai: RunaiClient, intent: MoveIntent, *, quiet: bool) -> Project | None:
         try:

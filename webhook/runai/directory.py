@@ -62,7 +62,7 @@ class RunaiDirectory:
         self.state = state
         self._client = client
         self.interval_s = interval_s
-        self.cluster_name = cluster_name
+        self._cluster_name = cluster_name
         self.view: DirectoryView | None = None
         # None: never tried (or Run:ai is off); True/False: outcome of the last refresh.
         self.reachable: bool | None = None
@@ -72,6 +72,11 @@ class RunaiDirectory:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def cluster_name(self) -> str | None:
+        """The Run:ai cluster to use: the constructor's, else `run_ai_cluster_name`, else the only one."""
+        return self._cluster_name or self.state.settings.run_ai_cluster_name or None
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:

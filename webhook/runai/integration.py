@@ -58,7 +58,7 @@ class IntegrationOptions:
     identity: str | None = None  # leader identity; unique per process by default
     lease: LeaseTiming = field(default_factory=LeaseTiming)
     refresh_interval_s: float = 15.0  # directory refresh on every replica
-    cluster_name: str | None = None  # Run:ai cluster; None: the only one
+    cluster_name: str | None = None  # Run:ai cluster; None: `run_ai_cluster_name`, else the only one
     claim_ttl_s: float = 60.0  # a binder's recorded intent older than this is taken over
     bind_wait_s: Mapping[str, float] = field(default_factory=dict)  # by call path, see Binder
     backoff_initial_s: float = 1.0  # reconciler, Run:ai unreachable
@@ -70,8 +70,14 @@ class IntegrationOptions:
     request_bind_budget_s: float = 4.0
 
 
-def _client_key(settings: ClusterSettings) -> tuple[str, str, str]:
-    return (settings.run_ai_url, settings.run_ai_client_id, settings.run_ai_client_secret_key)
+def _client_key(settings: ClusterSettings) -> tuple[str, str, str, str]:
+    # The cluster name is part of it: the directory's cluster id and projects depend on it too.
+    return (
+        settings.run_ai_url,
+        settings.run_ai_client_id,
+        settings.run_ai_client_secret_key,
+        settings.run_ai_cluster_name,
+    )
 
 
 class RunaiIntegration:
@@ -88,7 +94,7 @@ class RunaiIntegration:
         self.kube = kube_api
         self._factory = runai_client_factory or client_factory(options.secret_dir)
         self._client: RunaiClient | None = None
-        self._client_key: tuple[str, str, str] | None = None
+        self._client_key: tuple[str, str, str, str] | None = None
         self._enabled = state.settings.run_ai_enable
         self._interval = state.settings.run_ai_reconcile_interval_s
         self._closing: set[asyncio.Task[None]] = set()
