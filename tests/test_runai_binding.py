@@ -103,7 +103,7 @@ class Replica:
             backoff_initial_s=0.05,
             backoff_max_s=0.3,
             settings_check_s=0.2,
-            client_close_grace_s=0.1,
+            client_close_grace_s=options.pop("client_close_grace_s", 0.1),
             **options,
         )
         self.api: ApiClient | None = None
@@ -780,3 +780,17 @@ async def test_binding_on_admission_gives_up_in_time_when_runai_hangs(
     runai.latency = 0.0
     await wait_until(lambda: bound(kube, "omicron"), within=10, what="bound by the leader once Run:ai answers")
     assert len(projects_named(runai, "omicron")) == 1
+
+
+async def test_stop_closes_a_client_retired_by_a_settings_change(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    put_settings(kube, runai)
+    replica = await replicas(client_close_grace_s=30.0)
+    first = replica.runai.client()
+    assert first is not None
+    await first.list_clusters()  # opens its HTTP session
+    put_settings(kube, runai, run_ai_cluster_name=runai.clusters[runai.cluster_id]["name"])
+    await wait_until(lambda: replica.runai.client() is not first, within=3, what="a new client for the new settings")
+    await replica.stop()  # well inside the retired client's 30 s grace
+    assert first._session is None  # closed, not left to the garbage collector

@@ -81,6 +81,15 @@ class Runtime:
         self.runai: Any = None  # RunaiIntegration, against an apiserver
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            # Whatever started (watches, the API client, Run:ai) stops again, so a refused start
+            # leaves no connection open behind it.
+            await self.shutdown()
+            raise
+
+    async def _start(self) -> None:
         await self._start_state()
         if self.state.settings_conflict:
             raise StartupError(self.state.settings_conflict)

@@ -184,8 +184,10 @@ class RunaiIntegration:
             return
 
         async def close_later() -> None:
-            await asyncio.sleep(self.options.client_close_grace_s)
-            await client.close()
+            try:
+                await asyncio.sleep(self.options.client_close_grace_s)
+            finally:
+                await client.close()  # also when stop() cuts the grace short
 
         task = asyncio.create_task(close_later())
         self._closing.add(task)
