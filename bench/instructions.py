@@ -5,7 +5,8 @@ Timings on a shared 2-core machine move by 20-30% between runs; an instruction c
 it leaves out cache misses and the kernel, and memcpy counts more than it costs. Each server runs
 under callgrind; after a warm-up the counters are zeroed, the load generator sends a fixed load
 over 8 keep-alive TLS connections, and the counters are dumped. Instructions per request =
-counted instructions / answered requests (the idle loop's few wake-ups included).
+the difference between a long and a short load, in instructions and in answers (so the load
+generator's TLS handshakes and the idle loop's wake-ups cancel out).
 
   a  bare aiohttp TLS server: parse the review, answer "allowed"
   b  `scheduling-webhook serve` /mutate/pods (the bench's 9 KB pod, Kueue project)
@@ -21,7 +22,6 @@ import argparse
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,18 +29,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import PYTHON, RESULTS, ROOT, free_port, wait_ready
+from bench.run import PYTHON, RESULTS, ROOT, free_port, terminate, wait_ready
 from bench.workload import kueue_state, make_certs, mutate_body, runai_state, validate_body
 
 TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
 
 
-def counted_instructions(out_dir: Path) -> int:
-    """The largest total among callgrind's dumps in `out_dir` (the explicit dump after the load)."""
-    totals = [int(m.group(1)) for f in out_dir.glob("cg.out*") for m in TOTALS.finditer(f.read_bytes())]
-    if not totals:
-        raise RuntimeError(f"no callgrind totals in {out_dir}")
-    return max(totals)
+def dump_count(pid: int, out_dir: Path) -> int:
+    """Ask callgrind for a dump and read the instructions counted since the last zeroing."""
+    before = set(out_dir.glob("cg.out.*"))
+    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for new in set(out_dir.glob("cg.out.*")) - before:
+            found = TOTALS.search(new.read_bytes())
+            if found:
+                return int(found.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"callgrind wrote no dump in {out_dir}")
 
 
 def loadgen(port: int, path: str, body_file: Path, ca: Path, seconds: float, warmup: float) -> dict[str, Any]:
@@ -65,22 +71,20 @@ def measure(
         port = int(server[server.index("--port") + 1])
         wait_ready(proc, port, ca, within=300.0)
         loadgen(port, path, body_file, ca, seconds=2.0, warmup=1.0)  # imports, caches, connections
-        subprocess.run(["callgrind_control", "--zero", str(proc.pid)], check=True, capture_output=True)
-        result = loadgen(port, path, body_file, ca, seconds=seconds, warmup=0.0)
-        subprocess.run(["callgrind_control", "--dump", str(proc.pid)], check=True, capture_output=True)
-        time.sleep(0.5)
+        # Two loads of different length, each from a new generator (8 TLS handshakes): the
+        # difference of their counts is requests only, handshakes and idle wake-ups cancel out.
+        counts = []
+        for length in (seconds / 3, seconds):
+            subprocess.run(["callgrind_control", "--zero", str(proc.pid)], check=True, capture_output=True)
+            result = loadgen(port, path, body_file, ca, seconds=length, warmup=0.0)
+            if not result["answered"] or result["errors"]:
+                raise RuntimeError(f"{key}: {result['answered']} answered, errors {result['errors']}")
+            counts.append((int(result["answered"]), dump_count(proc.pid, out_dir)))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    answered = int(result["answered"])
-    errors = sum(result["errors"].values())
-    if not answered or errors:
-        raise RuntimeError(f"{key}: {answered} answered, errors {result['errors']}")
-    instructions = counted_instructions(out_dir)
+        terminate(proc, within=120)  # valgrind makes the drain slow
+    (short_n, short_ir), (long_n, long_ir) = counts
+    answered = long_n - short_n
+    instructions = long_ir - short_ir
     return {"answered": answered, "instructions": instructions, "per_request": instructions / answered}
 
 

@@ -175,9 +175,14 @@ def stop(scenario: Scenario, ca: Path) -> None:
     with contextlib.suppress(Exception):
         _, text = asyncio.run(get(scenario.port, ca, "/metrics"))
         scenario.remote_calls_request = sum(float(v) for v in REMOTE_REQUEST.findall(text))
+    terminate(proc, within=30)
+
+
+def terminate(proc: subprocess.Popen[bytes], within: float) -> None:
+    """SIGTERM (the server drains and exits), SIGKILL if it has not exited `within` seconds."""
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=within)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
