@@ -361,7 +361,8 @@ async def test_existing_projects_bound_by_the_background_pass(
     runai.add_department("platform")
     # Nothing about the namespaces changes (no watch event): only the timed pass can bind them.
     await wait_until(lambda: all(bound(kube, n) for n in names), within=3, what="bound by a later pass")
-    assert replica.runai.reconciler.passes > passes
+    # The labels are written inside the pass and the pass is counted at its end: wait for the count.
+    await wait_until(lambda: replica.runai.reconciler.passes > passes, within=3, what="that pass counted")
     assert all(ns_meta(kube, n)["resourceVersion"] != versions[n] for n in names)
     assert len(creates(runai)) == 3
 
