@@ -33,7 +33,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from bench.workload import (
     runai_state,
     validate_body,
 )
+from tests.support.https import free_port  # the loadgen already uses the tests' harness
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -85,12 +85,6 @@ class Phase:
     seconds: float
     rate: float | None = None  # None: closed loop
     rounds: int = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import local_queue, namespace, priority_class, snapshot
-from tests.support.reviews import apply_patch, assert_valid_pod, pod_review, review
+from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, pod_review, review
 from webhook.core.scheduling import mutate_pod
 
 ZONE = "topology.kubernetes.io/zone=eu-1a"
@@ -331,11 +331,7 @@ def test_scheduling_rules(case: Case) -> None:
     snap = snapshot(namespaces=NAMESPACES, extra=case.extra, **case.settings)
     data = pod_review(case.namespace, base=case.base, labels=case.labels, annotations=case.annotations, spec=case.spec)
     decision = mutate_pod(data["request"], snap)
-    assert decision.allowed is case.allowed, decision.message
-    for part in case.message:
-        assert part in decision.message
-    if case.warning:
-        assert any(case.warning in w for w in decision.warnings), decision.warnings
+    assert_decision(decision, allowed=case.allowed, message=case.message, warning=case.warning)
     if not case.allowed:
         assert decision.code == 403
         return

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import cluster_state, namespace
-from tests.support.reviews import pod_review
+from tests.support.reviews import assert_decision, pod_review
 from webhook.core.kinds import parse_quantity
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
@@ -140,13 +140,7 @@ def test_pod_validation(case: Case) -> None:
     }
     data = pod_review(case.namespace, labels=case.labels, annotations=case.annotations, gpus=case.gpus)
     decision = validate_pod(data["request"], snap, now=NOW)
-    assert decision.allowed is case.allowed, decision.message
-    if case.reason:
-        assert decision.reason == case.reason
-    for part in case.message:
-        assert part in decision.message, decision.message
-    if case.warning:
-        assert any(case.warning in w for w in decision.warnings)
+    assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
 
 
 def test_expired_reservations_and_reservations_of_visible_pods_do_not_count() -> None:

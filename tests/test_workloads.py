@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import cluster_state, namespace
-from tests.support.reviews import review
+from tests.support.reviews import assert_decision, review
 from webhook.core.validation import OVER_QUOTA
 from webhook.core.workloads import validate_workload
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
@@ -366,13 +366,7 @@ def state_for(case: Case) -> ClusterState:
 def test_workload_quota(case: Case) -> None:
     state = state_for(case)
     decision = validate_workload(case.request(), state.snapshot(), NOW, case.parent)
-    assert decision.allowed is case.allowed, decision.message
-    if case.reason:
-        assert decision.reason == case.reason
-    for part in case.message:
-        assert part in decision.message, decision.message
-    if case.warning:
-        assert any(case.warning in w for w in decision.warnings), decision.warnings
+    assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
     if case.audit:
         assert dict(decision.audit) == case.audit
 

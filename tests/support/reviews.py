@@ -16,6 +16,8 @@ from typing import Any
 import jsonpatch
 import kubernetes_validate
 
+from webhook.core.decision import Decision
+
 KUBERNETES_VERSION = "1.33"
 
 
@@ -98,3 +100,21 @@ def assert_valid_pod(pod: Mapping[str, Any]) -> None:
     if "annotations" in meta:
         meta["annotations"] = {k: str(v) for k, v in meta["annotations"].items()}
     kubernetes_validate.validate(candidate, KUBERNETES_VERSION, strict=True)
+
+
+def assert_decision(
+    decision: Decision,
+    *,
+    allowed: bool,
+    reason: str = "",
+    message: tuple[str, ...] = (),
+    warning: str | None = None,
+) -> None:
+    """The checks every table of decision cases makes: outcome, reason, message parts, a warning."""
+    assert decision.allowed is allowed, decision.message
+    if reason:
+        assert decision.reason == reason
+    for part in message:
+        assert part in decision.message, decision.message
+    if warning:
+        assert any(warning in w for w in decision.warnings), decision.warnings
