@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import cluster_state, namespace
+from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
 from tests.support.reviews import assert_decision, pod_review
 from webhook.core.kinds import parse_quantity
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
@@ -176,3 +177,18 @@ def test_gpu_quantities_parse_like_kubernetes(raw: object, expected: float) -> N
 def test_malformed_gpu_quantities_are_refused(raw: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity(raw)
+
+
+def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -> None:
+    # A rule added to the settings after the pods were cached (or pods listed before the settings
+    # arrived): the pods' kinds follow the rules in force, so the quota sum does too.
+    state = cluster_state(run_ai_enable=True)
+    pod = running_pod("studio", 2)
+    pod["metadata"]["labels"] = {"app": "studio"}  # no rule knows it yet: not quota-checked
+    state.apply(pod)
+    assert gpus_in_use(state.snapshot(), "vision", NOW) == 0
+    scheduler = copy.deepcopy(dict(SCHEDULER))
+    scheduler["workloadKinds"] = {"rules": [{"label": "app", "value": "studio", "kind": "app"}]}
+    state.apply(settings_configmap(scheduler=scheduler, run_ai_enable=True))
+    assert state.snapshot().pods["vision"]["uid-studio"].kind == "app"
+    assert gpus_in_use(state.snapshot(), "vision", NOW) == 2

@@ -110,6 +110,9 @@ class PodRecord:
     phase: str
     kind: str | None
     gpus: float
+    # Kept for GPU pods only (the kind matters only for them): a change of the settings' workload
+    # kind rules classifies them again instead of leaving the kind the old rules gave.
+    labels: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def finished(self) -> bool:

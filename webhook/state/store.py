@@ -7,6 +7,7 @@ Kubernetes objects, so admission cannot tell them apart.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -146,8 +147,18 @@ class ClusterState:
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", conflict)
             self._snapshot.settings_error = conflict
             return
-        self._snapshot.settings = settings
+        previous, self._snapshot.settings = self._snapshot.settings, settings
         self._snapshot.settings_error = None
+        if settings.scheduler.workload_kinds != previous.scheduler.workload_kinds:
+            self._classify_gpu_pods(settings)
+
+    def _classify_gpu_pods(self, settings: ClusterSettings) -> None:
+        """Pods cached under other workload kind rules (or listed before the settings arrived)."""
+        rules = settings.scheduler.workload_kinds
+        for pods in self.pods.values():
+            for uid, record in pods.items():
+                if record.gpus:
+                    pods[uid] = dataclasses.replace(record, kind=classify_workload(record.labels, rules))
 
     def _notify(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         for listener in self.listeners:
@@ -158,14 +169,20 @@ def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace", "")
     name = meta.get("name") or meta.get("generateName") or ""
+    labels = meta.get("labels") or {}
+    gpus = _gpus_or_zero(obj)
     return PodRecord(
         namespace=ns,
         name=name,
         uid=meta.get("uid") or f"{ns}/{name}",
         phase=(obj.get("status") or {}).get("phase") or "Pending",
-        kind=classify_workload(meta.get("labels") or {}, settings.scheduler.workload_kinds),
-        gpus=_gpus_or_zero(obj),
+        kind=classify_workload(labels, settings.scheduler.workload_kinds),
+        gpus=gpus,
+        labels=labels if gpus else _NO_LABELS,
     )
+
+
+_NO_LABELS: Mapping[str, Any] = {}
 
 
 def _gpus_or_zero(obj: Mapping[str, Any]) -> float:
