@@ -535,6 +535,15 @@ async def test_department_delete_moves_projects_one_at_a_time_and_stops_at_the_f
     assert all(env.runai_department_of(env.runai.project(n) or {}) == "default" for n in ("a1", "b2", "c3"))
 
 
+async def test_department_delete_when_the_namespace_list_is_refused_moves_nothing_and_says_so(env: Env) -> None:
+    env.project_ns("a1", department="ml", runai_department="ml")
+    env.kube.fail_next(1, 403, path_prefix="/api/v1/namespaces", method="GET")
+    with pytest.raises(Exception) as failed:
+        await env.mover().delete_department("ml")
+    assert getattr(failed.value, "status", None) == 503, failed.value  # not "complete, 0 moved"
+    assert env.labels("a1")[DEPARTMENT_LABEL] == "ml" and env.runai_writes() == []
+
+
 async def test_move_publishes_projects_to_the_directory_and_uses_the_current_client(env: Env) -> None:
     old = env.project_ns("p1")
     assert old is not None

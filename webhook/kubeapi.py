@@ -97,6 +97,18 @@ class KubeApi:
             _content_type="application/merge-patch+json",
         )
 
+    async def list_namespaces(self, label_selector: str, *, path: CallPath = "background") -> list[Obj]:
+        """Every namespace matching `label_selector`, page by page."""
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            more = {"_continue": token} if token else {}
+            page = await _raw(self.core.list_namespace, path=path, label_selector=label_selector, limit=500, **more)
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
     # -- configmaps in the install namespace ------------------------------------------------
     async def get_configmap(self, name: str, *, path: CallPath = "background") -> Obj | None:
         try:

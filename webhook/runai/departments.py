@@ -38,7 +38,6 @@ import aiohttp
 
 from webhook.core.guard import department_name_error, runai_department_for
 from webhook.kubeapi import KubeApi, KubeConflict, KubeError, KubeNotFound
-from webhook.metrics import REMOTE_CALLS
 from webhook.runai.client import RunaiClient, RunaiError, RunaiNotFound, RunaiUnreachable
 from webhook.runai.models import Department, Project
 from webhook.settings import ClusterSettings
@@ -862,22 +861,10 @@ class DepartmentMover:
             raise DependencyUnavailable(f"Kubernetes API: {exc}", namespace=namespace) from None
 
     async def _list_namespaces(self, label_selector: str) -> list[Obj]:
-        items: list[Obj] = []
-        token: str | None = None
         try:
-            while True:
-                REMOTE_CALLS.labels(target="kubernetes", path="background").inc()
-                kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": 500}
-                if token:
-                    kwargs["_continue"] = token
-                response = await self._kube.core.list_namespace(_preload_content=False, **kwargs)
-                async with response:
-                    page = json.loads(await response.read())
-                items.extend(page.get("items") or ())
-                token = (page.get("metadata") or {}).get("continue")
-                if not token:
-                    return items
-        except Exception as exc:  # ApiException, connection errors: the list is simply not available
+            # KubeApi checks the status: a refused or failed list must never read as "no namespaces".
+            return await self._kube.list_namespaces(label_selector)
+        except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
             raise DependencyUnavailable(f"Kubernetes API: listing namespaces failed: {exc}") from None
 
     def _intent_of(self, obj: Obj) -> MoveIntent | None:
