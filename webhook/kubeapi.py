@@ -73,7 +73,6 @@ class KubeApi:
         self.install_namespace = install_namespace
         self.component = component
         self.core = client.CoreV1Api(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
         self.authn = client.AuthenticationV1Api(api_client)
         self.authz = client.AuthorizationV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or f"{component}-{uuid.uuid4().hex[:8]}"

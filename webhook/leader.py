@@ -97,7 +97,6 @@ class LeaderElector:
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.leading = asyncio.Event()
-        self.transitions_seen = 0  # how many times this process became leader
         self._observed: Obj | None = None  # last lease spec seen
         self._observed_rv = ""
         self._observed_at = 0.0  # monotonic time the spec above was first seen
@@ -129,13 +128,6 @@ class LeaderElector:
         if release and was_leading:
             with contextlib.suppress(Exception):
                 await self._release()
-
-    async def wait_leading(self, within_s: float | None = None) -> bool:
-        try:
-            await asyncio.wait_for(self.leading.wait(), within_s)
-        except TimeoutError:
-            return False
-        return True
 
     # -- the loop -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -191,7 +183,6 @@ class LeaderElector:
                 await asyncio.sleep(min(self.timing.retry_period_s, max(0.0, deadline - time.monotonic())))
 
     async def _start_leading(self) -> None:
-        self.transitions_seen += 1
         self.leading.set()
         log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
         if self.on_started_leading is not None:

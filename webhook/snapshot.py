@@ -7,7 +7,6 @@ consistent view without copying.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,6 @@ RUNAI_MOVE_ANNOTATION = "scheduling.hopsworks.ai/runai-move"
 AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/affinity"
 ANTI_AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/anti-affinity"
 TOPOLOGY_ANNOTATION = "scheduling.hopsworks.ai/topology"
-WORKLOAD_TYPE_LABEL = "hopsworks.ai/workload-type"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -60,16 +58,6 @@ class NamespaceInfo:
     @property
     def runai_project_id(self) -> str | None:
         return self.labels.get(RUNAI_PROJECT_ID_LABEL) or None
-
-    def json_annotation(self, key: str) -> dict[str, Any] | None:
-        """A JSON-object annotation, or None when absent. Raises ValueError when malformed."""
-        raw = self.annotations.get(key)
-        if raw is None or raw == "":
-            return None
-        value = json.loads(raw)
-        if not isinstance(value, dict):
-            raise ValueError(f"annotation {key} must be a JSON object")
-        return value
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NamespaceInfo:
@@ -126,11 +114,7 @@ class RunaiProjectInfo:
     id: str
     name: str
     namespace: str
-    department_id: str = ""
-    department_name: str = ""
     deserved_gpus: float = 0.0  # default node pool
-    limit_gpus: float | None = None
-    allocated_gpus: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

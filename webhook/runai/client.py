@@ -27,7 +27,7 @@ from webhook.metrics import REMOTE_CALLS, RUNAI_REACHABLE
 from .models import Cluster, Department, NodePool, NodePoolMetrics, Project
 
 if TYPE_CHECKING:
-    from webhook.settings import ClusterSettings
+    pass
 
 log = logging.getLogger("webhook.runai")
 
@@ -173,19 +173,6 @@ class RunaiClient:
         self._owns_session = session is None
         self._root = self  # views from with_options() share the root's session
         self._tokens = _TokenCache()
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: ClusterSettings,
-        secrets_root: Path | str,
-        *,
-        options: ClientOptions | None = None,
-        session: aiohttp.ClientSession | None = None,
-    ) -> RunaiClient:
-        """From ClusterSettings; the Secret `run_ai_client_secret_name` is mounted at `<secrets_root>/<name>/`."""
-        secret = SecretFile(Path(secrets_root) / settings.run_ai_client_secret_name, settings.run_ai_client_secret_key)
-        return cls(settings.run_ai_url, settings.run_ai_client_id, secret, options=options, session=session)
 
     def with_options(self, **changes: Any) -> RunaiClient:
         """A view with other timeouts/retries sharing this client's session and token."""

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webhook.runai.client import RunaiClient, RunaiError
@@ -38,9 +38,6 @@ class DirectoryView:
 
     def department_by_id(self, department_id: str | None) -> Department | None:
         return next((d for d in self.departments if d.id == department_id), None)
-
-    def department_by_name(self, name: str) -> Department | None:
-        return next((d for d in self.departments if d.name == name), None)
 
 
 class RunaiDirectory:
@@ -165,28 +162,14 @@ class RunaiDirectory:
 
     @staticmethod
     def info(project: Project, namespace: str, view: DirectoryView | None) -> RunaiProjectInfo:
-        """The snapshot record of `project`: quota and usage on the default node pool."""
+        """The snapshot record of `project`: its deserved GPUs on the default node pool."""
         pool = view.default_node_pool if view is not None else None
-        department = view.department_by_id(project.parent_id) if view is not None else None
         if pool is not None:
             quota = project.quota_on(pool.name)
             deserved = quota.deserved if quota is not None else 0.0
-            limit = quota.limit if quota is not None else None
-            allocated = project.usage_on(pool.name).allocated
-        else:  # no pool marked default: the project's totals are the best we have
-            deserved, limit, allocated = project.gpu_quota, None, project.usage.allocated
-        if limit is not None and limit < 0:
-            limit = None  # -1 means no limit
-        return RunaiProjectInfo(
-            id=project.id,
-            name=project.name,
-            namespace=namespace,
-            department_id=project.parent_id or "",
-            department_name=department.name if department is not None else "",
-            deserved_gpus=deserved,
-            limit_gpus=limit,
-            allocated_gpus=allocated,
-        )
+        else:  # no pool marked default: the project's total is the best we have
+            deserved = project.gpu_quota
+        return RunaiProjectInfo(id=project.id, name=project.name, namespace=namespace, deserved_gpus=deserved)
 
     def note_project(self, namespace: str, project: Project) -> None:
         """A binder just bound `namespace` to `project`: publish it before the next refresh."""
@@ -228,14 +211,6 @@ class RunaiDirectory:
     def cluster_id(self) -> str | None:
         return self.view.cluster.uuid if self.view is not None else None
 
-    @property
-    def departments(self) -> tuple[Department, ...]:
-        return self.view.departments if self.view is not None else ()
-
-    @property
-    def projects(self) -> tuple[Project, ...]:
-        return self.view.projects if self.view is not None else ()
-
     def department_names(self) -> frozenset[str] | None:
         """Names of Run:ai's departments in our cluster; None when not known (off or unreachable)."""
         if self.view is None or not self.reachable:
@@ -253,6 +228,3 @@ class RunaiDirectory:
             if named is not None:
                 return named
         return next((p for p in self.view.projects if p.bound_to(namespace)), None)
-
-    def projects_by_namespace(self) -> Mapping[str, RunaiProjectInfo] | None:
-        return self.state.snapshot().runai_projects
