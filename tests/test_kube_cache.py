@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -276,6 +277,7 @@ async def test_stop_closes_every_watch(kube: KubeEmulator, state: ClusterState, 
     await watcher.stop()
     await eventually(lambda: kube.open_watches == 0)
     kube.put_object(namespace("after-stop"))
+    await asyncio.sleep(0.3)  # a watch still running would deliver it well within this
     assert "after-stop" not in state.namespaces
 
 

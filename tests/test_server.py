@@ -13,7 +13,7 @@ from aiohttp import web
 from tests.support.cluster import cluster_state, namespace, settings_configmap
 from tests.support.https import StartHttpsServer
 from tests.support.reviews import apply_patch, assert_valid_pod, fixture_names, pod_review, review
-from webhook.app import create_app
+from webhook.app import MAX_BODY_BYTES, create_app
 from webhook.core.decision import Decision
 
 NAMESPACES = [namespace("churn"), namespace("default"), namespace("customer-1"), namespace("keymaker")]
@@ -144,6 +144,13 @@ async def test_body_over_the_limit_is_413(https_server: StartHttpsServer) -> Non
     assert status == 413 and "larger than" in answer["error"]
     status, _ = await post(srv, "/mutate/pods", pod_review("churn"))
     assert status == 200
+
+
+async def test_the_default_body_limit_is_what_serve_enforces(https_server: StartHttpsServer) -> None:
+    srv = await https_server(make_app())  # no max_body_bytes: the limit `serve` runs with
+    data = pod_review("churn", annotations={"big": "x" * MAX_BODY_BYTES})
+    status, answer = await post(srv, "/mutate/pods", data)
+    assert status == 413 and "larger than" in answer["error"]
 
 
 async def test_a_failing_decision_is_a_refusal_not_a_traceback(https_server: StartHttpsServer) -> None:

@@ -362,7 +362,7 @@ class StartHttpsServer(Protocol):
         client_ca: bool = False,
         certs: CertFiles | None = None,
         watch_interval: float = 0.05,
-        min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+        min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
     ) -> Awaitable[HttpsServer]: ...
 
 
@@ -373,7 +373,7 @@ async def start_https_server(
     client_ca: bool = False,
     certs: CertFiles | None = None,
     watch_interval: float = 0.05,
-    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+    min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
 ) -> HttpsServer:
     """Start `app` on 127.0.0.1:<ephemeral> over TLS; the caller must `await srv.close()`."""
     certs = certs or make_cert_files(directory / "certs", client_ca=client_ca)
@@ -384,7 +384,7 @@ async def start_https_server(
         certs.key_file,
         client_ca_file=certs.client_ca_file if client_ca else None,
         interval=watch_interval,
-        min_version=min_version,
+        **({"min_version": min_version} if min_version is not None else {}),
     )
     await watcher.start()
     assert watcher.ready, watcher.last_error
@@ -417,7 +417,7 @@ async def https_servers(directory: Path) -> AsyncIterator[StartHttpsServer]:
         client_ca: bool = False,
         certs: CertFiles | None = None,
         watch_interval: float = 0.05,
-        min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2,
+        min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
     ) -> HttpsServer:
         server_dir = directory / f"https-{len(started)}"
         server_dir.mkdir(parents=True)
