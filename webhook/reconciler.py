@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from webhook.core.guard import runai_department_for
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
     FINALIZER,
@@ -34,7 +35,6 @@ from webhook.runai.binding import (
     BindingUnavailable,
     EventRecorder,
     RunaiDisabled,
-    expected_department,
 )
 from webhook.runai.directory import RunaiDirectory
 from webhook.snapshot import NamespaceInfo
@@ -314,7 +314,7 @@ class Reconciler:
         view = self.directory.view
         if names is None or view is None:
             return
-        default = self.state.settings.run_ai_default_department
+        settings = self.state.settings
         for info in self.state.namespaces.values():
             if not info.is_project or info.deleting or info.moving or not info.runai_queue:
                 continue
@@ -323,7 +323,7 @@ class Reconciler:
                 continue
             department = view.department_by_id(project.parent_id)
             actual = department.name if department is not None else str(project.parent_id)
-            expected = expected_department(info.department, names, default)
+            expected = runai_department_for(info.department, settings, names) or settings.run_ai_default_department
             if actual == expected:
                 self.events.forget(info.name, DRIFT_REASON)
                 continue

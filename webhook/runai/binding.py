@@ -23,14 +23,14 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
+from webhook.core.guard import runai_department_for
 from webhook.kubeapi import CallPath, KubeApi, KubeConflict, KubeError, KubeNotFound
 from webhook.runai.client import RunaiAuthError, RunaiClient, RunaiConflict, RunaiError, RunaiUnreachable
 from webhook.runai.directory import RunaiDirectory
@@ -44,7 +44,6 @@ Obj = dict[str, Any]
 
 FINALIZER = "scheduling.hopsworks.ai/runai-project"
 BINDING_ANNOTATION = "scheduling.hopsworks.ai/runai-binding"
-_DEPARTMENT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MAX_ROUNDS = 8  # re-reads after a conflict; each round makes progress or sees someone else's
 
 
@@ -79,13 +78,6 @@ class UnbindResult:
     deleted: tuple[str, ...]  # ids of the Run:ai projects deleted
     left: str | None  # the adopted project left in place
     finalizer_removed: bool
-
-
-def expected_department(label: str | None, runai_departments: Collection[str], default: str) -> str:
-    """The Run:ai department a project goes to: the one named like its department, else the default."""
-    if label and _DEPARTMENT_NAME.match(label) and label in runai_departments:
-        return label
-    return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +307,10 @@ class Binder:
     ) -> Department:
         departments = await client.list_departments(cluster_id=cluster_id, call_path=call_path)
         by_name = {d.name: d for d in departments}
-        default = self.state.settings.run_ai_default_department
-        name = expected_department(info.department, by_name, default)
+        settings = self.state.settings
+        default = settings.run_ai_default_department
+        # The names are known here, so the mapping always has an answer.
+        name = runai_department_for(info.department, settings, by_name) or default
         if name not in by_name:
             # Never create departments: an operator must create it (or fix the setting).
             raise RunaiError(
