@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Cluster, Department, NodePool, Project
@@ -35,6 +35,11 @@ class DirectoryView:
     projects: tuple[Project, ...]
     default_node_pool: NodePool | None
     refreshed_at: float  # epoch seconds
+    # Built once per refresh: the settings webhook reads it on every request.
+    department_names: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "department_names", frozenset(d.name for d in self.departments))
 
     def department_by_id(self, department_id: str | None) -> Department | None:
         return next((d for d in self.departments if d.id == department_id), None)
@@ -215,7 +220,7 @@ class RunaiDirectory:
         """Names of Run:ai's departments in our cluster; None when not known (off or unreachable)."""
         if self.view is None or not self.reachable:
             return None
-        return frozenset(d.name for d in self.view.departments)
+        return self.view.department_names
 
     def project_for_namespace(self, namespace: str) -> Project | None:
         """The Run:ai project `namespace` is bound to, as of the last refresh."""
