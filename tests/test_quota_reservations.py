@@ -49,23 +49,21 @@ class RunaiUnreachable(Exception):
 
 @dataclass
 class FakeBinder:
-    """Plays the Run:ai binding: labels the namespace through the real API (as the binder does after
-    creating or adopting the Run:ai project) and returns it; or raises as an unreachable Run:ai does."""
+    """Plays the Run:ai binding as `Binder.ensure_bound` does: labels the namespace through the real
+    API, puts it in the replica's cache and returns a result object; or raises as an unreachable
+    Run:ai does."""
 
     kube: KubeApi
+    cache: ClusterState
     reachable: bool = True
     calls: list[str] = field(default_factory=list)
-    # Like `Binder.ensure_bound`: put the namespace in this cache itself and return a result object.
-    updates: ClusterState | None = None
 
     async def __call__(self, ns: str) -> object:
         self.calls.append(ns)
         if not self.reachable:
             raise RunaiUnreachable("Run:ai control plane at http://127.0.0.1:9 did not answer within 3s")
         obj = await self.kube.patch_namespace(ns, {"metadata": {"labels": {"runai/queue": ns}}}, path="request")
-        if self.updates is None:
-            return obj
-        self.updates.apply({**obj, "kind": "Namespace"})
+        self.cache.apply({**obj, "kind": "Namespace"})
         return ("created", ns)
 
 
@@ -139,7 +137,7 @@ async def replicas(kube: KubeEmulator) -> AsyncIterator[Callable[..., Any]]:
                     await store.start(watch_api, FAST)
                     stack.push_async_callback(store.stop)
                     await eventually(lambda s=state: s.synced.get(WATCH_NAME), message="reservation watch synced")
-                binder = FakeBinder(kube_api)
+                binder = FakeBinder(kube_api, state)
                 handler = validate_pods_handler(state, store, binder, clock=clock or Clock())
                 out.append(Replica(state, store, binder, handler, kube_api))
             return out
@@ -281,11 +279,10 @@ async def test_unbound_project_is_bound_on_first_start_then_reserved(
     assert a.binder.calls == ["nlp"]
 
 
-async def test_a_binder_that_updates_the_cache_itself_is_seen_at_once(
+async def test_a_binding_is_seen_at_once_not_when_the_watch_brings_it(
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
     (a,) = await replicas(1, deserved=1)
-    a.binder.updates = a.state
     assert (await a.handler(notebook("uid-1", ns="nlp"))).allowed
     assert set(stored(kube, "nlp")) == {"uid-1"}
 

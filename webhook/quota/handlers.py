@@ -55,7 +55,7 @@ def validate_pods_handler(
                     reason=NOT_BOUND,
                 )
             try:
-                bound = await bind(namespace)
+                await bind(namespace)  # the binder puts the bound namespace in the cache itself
             except Exception as exc:
                 log.warning("binding %s to Run:ai on admission failed: %s", namespace, exc)
                 return Decision.deny(
@@ -65,9 +65,6 @@ def validate_pods_handler(
                     code=503,
                     reason=RUNAI_UNREACHABLE,
                 )
-            if isinstance(bound, Mapping):
-                # Decide again on the bound namespace now, not when the watch brings the label.
-                state.apply({**bound, "kind": "Namespace"})
             decision = validate_pod(request, state.snapshot(), now)
             if decision.reason == NOT_BOUND:
                 return Decision.deny(
