@@ -47,7 +47,8 @@ def _error(exc: ApiException) -> KubeError:
     return cls(exc.status or 0, str(message))
 
 
-async def _raw(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
+async def raw_call(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
+    """One API call as raw JSON, counted; error statuses raise KubeError (KubeNotFound, KubeConflict)."""
     REMOTE_CALLS.labels(target="kubernetes", path=path).inc()
     try:
         response = await call(*args, _preload_content=False, **kwargs)
@@ -79,7 +80,7 @@ class KubeApi:
 
     # -- namespaces -------------------------------------------------------------------------
     async def get_namespace(self, name: str, *, path: CallPath = "background") -> Obj:
-        return await _raw(self.core.read_namespace, name, path=path)
+        return await raw_call(self.core.read_namespace, name, path=path)
 
     async def patch_namespace(
         self, name: str, patch: Mapping[str, Any], *, resource_version: str | None = None, path: CallPath = "background"
@@ -88,7 +89,7 @@ class KubeApi:
         body: dict[str, Any] = json.loads(json.dumps(patch))
         if resource_version:
             body.setdefault("metadata", {})["resourceVersion"] = resource_version
-        return await _raw(
+        return await raw_call(
             self.core.patch_namespace,
             name,
             body,
@@ -102,7 +103,7 @@ class KubeApi:
         token: str | None = None
         while True:
             more = {"_continue": token} if token else {}
-            page = await _raw(self.core.list_namespace, path=path, label_selector=label_selector, limit=500, **more)
+            page = await raw_call(self.core.list_namespace, path=path, label_selector=label_selector, limit=500, **more)
             items.extend(page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -111,17 +112,19 @@ class KubeApi:
     # -- configmaps in the install namespace ------------------------------------------------
     async def get_configmap(self, name: str, *, path: CallPath = "background") -> Obj | None:
         try:
-            return await _raw(self.core.read_namespaced_config_map, name, self.install_namespace, path=path)
+            return await raw_call(self.core.read_namespaced_config_map, name, self.install_namespace, path=path)
         except KubeNotFound:
             return None
 
     async def create_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
-        return await _raw(self.core.create_namespaced_config_map, self.install_namespace, dict(body), path=path)
+        return await raw_call(self.core.create_namespaced_config_map, self.install_namespace, dict(body), path=path)
 
     async def replace_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
         """PUT with the body's metadata.resourceVersion: 409 (KubeConflict) if someone wrote first."""
         name = body["metadata"]["name"]
-        return await _raw(self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), path=path)
+        return await raw_call(
+            self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), path=path
+        )
 
     async def delete_configmap(
         self, name: str, *, resource_version: str | None = None, path: CallPath = "background"
@@ -131,7 +134,7 @@ class KubeApi:
         if resource_version:
             body["preconditions"] = {"resourceVersion": resource_version}
         try:
-            await _raw(self.core.delete_namespaced_config_map, name, self.install_namespace, body=body, path=path)
+            await raw_call(self.core.delete_namespaced_config_map, name, self.install_namespace, body=body, path=path)
         except KubeNotFound:
             return
 
@@ -173,12 +176,12 @@ class KubeApi:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        return await _raw(self.core.create_namespaced_event, namespace, body, path=path)
+        return await raw_call(self.core.create_namespaced_event, namespace, body, path=path)
 
     # -- authentication and authorization for the GPU API ------------------------------------
     async def token_review(self, token: str, *, path: CallPath = "request") -> Obj:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        return await _raw(self.authn.create_token_review, body, path=path)
+        return await raw_call(self.authn.create_token_review, body, path=path)
 
     async def subject_access_review(
         self, user: Mapping[str, Any], attributes: Mapping[str, Any], *, path: CallPath = "request"
@@ -194,4 +197,4 @@ class KubeApi:
                 "resourceAttributes": dict(attributes),
             },
         }
-        return await _raw(self.authz.create_subject_access_review, body, path=path)
+        return await raw_call(self.authz.create_subject_access_review, body, path=path)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -32,9 +31,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from webhook.metrics import REMOTE_CALLS
+from webhook.kubeapi import KubeConflict, KubeNotFound, raw_call
 from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -52,12 +50,6 @@ class LeaseTiming:
     def __post_init__(self) -> None:
         if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
             raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
-
-
-class _LeaseError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
 
 
 def default_identity() -> str:
@@ -226,9 +218,7 @@ class LeaderElector:
         }
         try:
             lease = await self._call(self.api.read_namespaced_lease, self.name, self.namespace)
-        except _LeaseError as exc:
-            if exc.status != 404:
-                raise
+        except KubeNotFound:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -237,10 +227,8 @@ class LeaderElector:
             }
             try:
                 created = await self._call(self.api.create_namespaced_lease, self.namespace, body)
-            except _LeaseError as exc2:
-                if exc2.status == 409:
-                    return False  # created by someone else just now
-                raise
+            except KubeConflict:
+                return False  # created by someone else just now
             self._observe(created)
             self._renewed_at = sent_at
             return True
@@ -260,10 +248,8 @@ class LeaderElector:
         body = {**lease, "spec": {**spec, **mine}}
         try:
             updated = await self._call(self.api.replace_namespaced_lease, self.name, self.namespace, body)
-        except _LeaseError as exc:
-            if exc.status == 409:
-                return False  # another candidate wrote first
-            raise
+        except KubeConflict:
+            return False  # another candidate wrote first
         self._observe(updated)
         self._renewed_at = sent_at
         return True
@@ -287,17 +273,4 @@ class LeaderElector:
         log.info("lease %s/%s: released by %s", self.namespace, self.name, self.identity)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any) -> Obj:
-        REMOTE_CALLS.labels(target="kubernetes", path="background").inc()
-        try:
-            response = await method(*args, _preload_content=False, _request_timeout=self.timing.request_timeout_s)
-        except ApiException as exc:
-            raise _LeaseError(exc.status or 0, str(exc.reason)) from None
-        async with response:
-            raw = await response.read()
-            if not 200 <= response.status <= 299:
-                try:
-                    message = json.loads(raw).get("message") or response.reason
-                except (ValueError, AttributeError):
-                    message = response.reason
-                raise _LeaseError(response.status, str(message))
-            return json.loads(raw)
+        return await raw_call(method, *args, path="background", _request_timeout=self.timing.request_timeout_s)
