@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from webhook import auth
 from webhook.kubeapi import KubeError
 from webhook.runai.client import RunaiError
 from webhook.runai.departments import DepartmentDeleteResult, MoveError, MoveResult, ProjectBusy
@@ -69,9 +70,7 @@ def _identity_name(identity: Any) -> str:
 
 
 def bearer_token(request: web.Request) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    return auth.bearer_token(request.headers.get("Authorization"))
 
 
 class AdminChecker(Protocol):

@@ -364,12 +364,6 @@ class KubeWatcher:
         )
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, watch: ResourceWatch) -> None:
-        """Add a watch (before `start`)."""
-        if self._tasks:
-            raise RuntimeError("add watches before start()")
-        self.watches.append(watch)
-
     async def start(self) -> None:
         if self._tasks:
             return
