@@ -192,3 +192,16 @@ def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -
     state.apply(settings_configmap(scheduler=scheduler, run_ai_enable=True))
     assert state.snapshot().pods["vision"]["uid-studio"].kind == "app"
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 2
+
+
+def test_a_refused_settings_configmap_keeps_the_last_good_settings_and_says_so() -> None:
+    from webhook.metrics import REGISTRY
+
+    state = cluster_state(run_ai_enable=True)
+    state.apply(settings_configmap(run_ai_enable=True, kueue_installed=True))  # G1: never both
+    assert state.settings.run_ai_enable and not state.settings.kueue_installed  # the last good ones
+    assert "cannot both be true" in (state.snapshot().settings_error or "")
+    assert REGISTRY.get_sample_value("webhook_settings_rejected") == 1
+    state.apply(settings_configmap(run_ai_enable=False))
+    assert state.snapshot().settings_error is None
+    assert REGISTRY.get_sample_value("webhook_settings_rejected") == 0

@@ -49,6 +49,11 @@ RUNAI_REACHABLE = Gauge(
     "1 when the last call to the Run:ai control plane succeeded.",
     registry=REGISTRY,
 )
+SETTINGS_REJECTED = Gauge(
+    "webhook_settings_rejected",
+    "1 while the settings ConfigMap is refused (bad or both Kueue and Run:ai on) and the last good settings serve.",
+    registry=REGISTRY,
+)
 CERT_RELOADS = Counter(
     "webhook_certificate_reloads_total",
     "Serving certificate reloads from disk, by result.",

@@ -138,7 +138,8 @@ class ClusterSnapshot:
     local_queues: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # namespace -> pod uid -> record
     pods: Mapping[str, Mapping[str, PodRecord]] = field(default_factory=dict)
-    # A settings ConfigMap that failed to parse: admission keeps the last good settings and says so.
+    # Why the settings ConfigMap is refused (the last good settings serve): logged, and
+    # `webhook_settings_rejected` is 1 while it is set.
     settings_error: str | None = None
     # Run:ai projects by namespace, from the timed refresh; None until a refresh succeeded.
     runai_projects: Mapping[str, RunaiProjectInfo] | None = None

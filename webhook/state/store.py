@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.metrics import SETTINGS_REJECTED
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PodRecord, PriorityClassInfo
 
@@ -140,15 +141,18 @@ class ClusterState:
             # Keep serving with the last good settings: a typo must not block every pod.
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", exc)
             self._snapshot.settings_error = str(exc)
+            SETTINGS_REJECTED.set(1)
             return
         self.settings_conflict = conflict = settings.exclusion_error()
         if conflict:
             # G1: never act on both; keep what was in force and report it.
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", conflict)
             self._snapshot.settings_error = conflict
+            SETTINGS_REJECTED.set(1)
             return
         previous, self._snapshot.settings = self._snapshot.settings, settings
         self._snapshot.settings_error = None
+        SETTINGS_REJECTED.set(0)
         if settings.scheduler.workload_kinds != previous.scheduler.workload_kinds:
             self._classify_gpu_pods(settings)
 
