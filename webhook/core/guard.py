@@ -117,6 +117,9 @@ class ProjectScheduling:
     default_topology: str | None = None
     # Lenient reading only: what was ignored because the cluster no longer offers it.
     notes: tuple[str, ...] = ()
+    # Which defaults the project's own annotation set (keys of DEFAULTS_ANNOTATION); the rest
+    # come from the cluster.
+    project_defaults: frozenset[str] = frozenset()
 
 
 def department_name_error(name: str) -> str | None:
@@ -305,6 +308,7 @@ def _scheduling(
             problems.bad(f"{DEFAULTS_ANNOTATION}: PriorityClass {pc!r} does not exist", strict_defaults)
         else:
             default_pc = pc
+    project_pc = default_pc
     if default_pc is None and cluster.defaults.priority_class in subset["priorityClasses"]:
         default_pc = cluster.defaults.priority_class
 
@@ -320,6 +324,7 @@ def _scheduling(
                 )
             else:
                 default_queue = queue
+    project_queue = default_queue
     if default_queue is None and cluster.defaults.queue and (queues is None or cluster.defaults.queue in queues):
         default_queue = cluster.defaults.queue
 
@@ -334,6 +339,13 @@ def _scheduling(
             )
         else:
             default_topology = unit
+    # Read before the cluster's defaults fill the gaps: which of these the project's annotation set.
+    from_project = {key for key in ("affinity", "antiAffinity") if key in chosen}
+    from_project.update(
+        key
+        for key, value in (("priorityClass", project_pc), ("queue", project_queue), ("topology", default_topology))
+        if value is not None
+    )
     if default_topology is None:
         default_topology = cluster.defaults.topology
 
@@ -350,6 +362,7 @@ def _scheduling(
         default_queue=default_queue,
         default_topology=default_topology,
         notes=tuple(problems.notes),
+        project_defaults=frozenset(from_project),
     )
 
 

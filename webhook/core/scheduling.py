@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core.decision import Decision
-from webhook.core.guard import ProjectScheduling, ProjectSettingsError, parse_project_scheduling
 from webhook.core.kinds import classify_workload
+from webhook.core.offer import SchedulingOffer, scheduling_offer
 from webhook.core.patch import PodPatch
 from webhook.settings import ClusterSettings
 from webhook.snapshot import (
@@ -108,7 +108,7 @@ class _Mutation:
     refusals and warnings they add up."""
 
     target: PodTarget
-    project: ProjectScheduling
+    offer: SchedulingOffer
     snapshot: ClusterSnapshot
     patch: PodPatch
     warnings: list[str]
@@ -121,16 +121,9 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
     if target is None:
         return Decision.allow()
     settings = snapshot.settings
-    warnings: list[str] = []
-    try:
-        project = _project_scheduling(target.namespace, settings)
-    except ProjectSettingsError as exc:
-        # The settings guard refuses such annotations; one written before the guard must not
-        # block the project's pods, so fall back to the cluster's project subset and say so.
-        warnings.append(f"project scheduling settings ignored: {exc}")
-        project = parse_project_scheduling(NamespaceInfo(name=target.namespace.name), settings)
-    warnings.extend(project.notes)
-    m = _Mutation(target=target, project=project, snapshot=snapshot, patch=PodPatch(target.pod), warnings=warnings)
+    # The offer is what the scheduling API shows: a choice outside it is refused, its defaults apply.
+    offer = scheduling_offer(target.namespace, snapshot)
+    m = _Mutation(target=target, offer=offer, snapshot=snapshot, patch=PodPatch(target.pod), warnings=list(offer.notes))
 
     _node_affinity(m)
     _priority(m)
@@ -138,7 +131,7 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
         _runai_queue(m)
         if settings.kueue_installed:
             m.warnings.append("Kueue and Run:ai are both enabled in settings; only the Run:ai queue was set")
-    elif settings.kueue_installed:
+    elif offer.kueue:
         _kueue(m)
     else:
         _kueue_off(m)
@@ -148,27 +141,9 @@ def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decisio
     return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations())
 
 
-# A project's scheduling is a pure function of two immutable objects that only change when a
-# watch event replaces them, yet parsing its JSON annotations was a third of a mutation's cost.
-# Keyed by identity; holding the objects keeps their ids from being reused while cached.
-_PROJECT_CACHE: dict[int, tuple[NamespaceInfo, ClusterSettings, ProjectScheduling]] = {}
-_PROJECT_CACHE_SIZE = 4096
-
-
-def _project_scheduling(namespace: NamespaceInfo, settings: ClusterSettings) -> ProjectScheduling:
-    hit = _PROJECT_CACHE.get(id(namespace))
-    if hit is not None and hit[0] is namespace and hit[1] is settings:
-        return hit[2]
-    project = parse_project_scheduling(namespace, settings)  # raises: not cached, parsed again
-    if len(_PROJECT_CACHE) >= _PROJECT_CACHE_SIZE:
-        _PROJECT_CACHE.clear()  # namespaces replaced by updates leave stale entries; start over
-    _PROJECT_CACHE[id(namespace)] = (namespace, settings, project)
-    return project
-
-
 # -- S1/S2: node labels ------------------------------------------------------------------------
 def _node_affinity(m: _Mutation) -> None:
-    affinity, anti_affinity = _node_labels(m.target, m.project, m.errors)
+    affinity, anti_affinity = _node_labels(m.target, m.offer, m.errors)
     if m.errors or not (affinity or anti_affinity):
         return
     terms_error = _inject_node_affinity(m.target, affinity, anti_affinity, m.snapshot.settings, m.patch)
@@ -181,13 +156,13 @@ def _node_affinity(m: _Mutation) -> None:
         m.audit["anti-affinity"] = ",".join(anti_affinity)
 
 
-def _node_labels(target: PodTarget, project: ProjectScheduling, errors: list[str]) -> tuple[list[str], list[str]]:
-    """The workload's affinity labels when it chose, else the project's defaults (which already
-    fall back to the cluster's)."""
+def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -> tuple[list[str], list[str]]:
+    """The workload's affinity labels when it chose, else the offer's defaults (the project's,
+    else the cluster's)."""
     chosen: list[list[str]] = []
     for annotation, allowed, default, what in (
-        (AFFINITY_ANNOTATION, project.affinity, project.default_affinity, "affinity"),
-        (ANTI_AFFINITY_ANNOTATION, project.anti_affinity, project.default_anti_affinity, "anti-affinity"),
+        (AFFINITY_ANNOTATION, offer.affinity, offer.default_affinity, "affinity"),
+        (ANTI_AFFINITY_ANNOTATION, offer.anti_affinity, offer.default_anti_affinity, "anti-affinity"),
     ):
         if annotation not in target.annotations:
             chosen.append(list(default))
@@ -310,7 +285,7 @@ def _inject_node_affinity(
 # -- S1/S3: priority ---------------------------------------------------------------------------
 def _priority(m: _Mutation) -> None:
     classes = m.snapshot.priority_classes
-    allowed = m.project.priority_classes
+    allowed = m.offer.priority_classes
     chosen = m.target.spec.get("priorityClassName") or None
     if chosen is not None and chosen not in allowed:
         existing = classes.get(str(chosen))
@@ -319,7 +294,7 @@ def _priority(m: _Mutation) -> None:
         else:
             m.errors.append(_not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
             return
-    effective = chosen or m.project.default_priority_class
+    effective = chosen or m.offer.default_priority_class
     if effective is None:
         return
     priority_class = classes.get(effective)
@@ -336,20 +311,14 @@ def _priority(m: _Mutation) -> None:
 
 # -- S4: Kueue ---------------------------------------------------------------------------------
 def _kueue(m: _Mutation) -> None:
-    settings = m.snapshot.settings
-    project = m.project
+    offer = m.offer
     ns = m.target.namespace.name
     existing_queues = m.snapshot.local_queues.get(ns, frozenset())
     chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
-    allowed = project.queues if project.queues is not None else existing_queues
-    if chosen is not None and str(chosen) not in allowed:
-        listed = list(project.queues) if project.queues is not None else sorted(existing_queues)
-        m.errors.append(_not_allowed("queue", [str(chosen)], listed, ns))
+    if chosen is not None and str(chosen) not in offer.queues:
+        m.errors.append(_not_allowed("queue", [str(chosen)], offer.queue_choices(), ns))
     elif chosen is None:
-        if m.target.kind == "system-job":
-            queue = settings.kueue_system_jobs_local_queue
-        else:
-            queue = project.default_queue or settings.kueue_project_default_local_queue
+        queue = offer.default_queue_for(m.target.kind)
         if queue not in existing_queues:
             m.warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
         m.patch.set_label(KUEUE_QUEUE_LABEL, queue)
@@ -357,12 +326,12 @@ def _kueue(m: _Mutation) -> None:
     else:
         m.audit["queue"] = str(chosen)
 
-    units = settings.scheduler.available.topologies
+    units = offer.topologies
     chosen_unit = m.target.annotations.get(TOPOLOGY_ANNOTATION)
     if chosen_unit is not None and str(chosen_unit) not in units:
         m.errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
         return
-    unit = chosen_unit or project.default_topology
+    unit = chosen_unit or offer.default_topology
     if unit is None:
         return
     if unit not in units:
