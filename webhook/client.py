@@ -1,4 +1,4 @@
-"""A small Python client for the GPU API.
+"""A small Python client for the GPU API and the scheduling offer.
 
     from webhook.client import GpuClient, get_gpu_availability
 
@@ -7,7 +7,11 @@
         print(gpus.project, gpus.department)
         print(gpus.available_non_preemptible, gpus.available_preemptible)
 
+        offer = await api.get_scheduling_offer("churn", kind="notebook")
+        print(offer.priority_class.default, [c.name for c in offer.priority_class.choices])
+
     gpus = get_gpu_availability("churn", base_url=..., ca_file=...)  # synchronous, also in Jupyter
+    offer = get_scheduling_offer("churn", base_url=..., ca_file=...)
 
 Inside a pod, `token=None` reads the pod's ServiceAccount token. Refusals raise `Unauthorized`
 (401), `Forbidden` (403), `NotFound` (404) or `Unavailable` (503), all `GpuApiError`s carrying the
@@ -20,6 +24,7 @@ import asyncio
 import concurrent.futures
 import os
 import ssl
+from collections.abc import Coroutine
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,6 +44,7 @@ from webhook.core.gpu_view import (
     ProjectGpus,
     RunaiAdminView,
 )
+from webhook.core.offer_view import SchedulingOfferView
 
 __all__ = [
     "AdminDepartment",
@@ -54,14 +60,17 @@ __all__ = [
     "PodGpus",
     "ProjectGpus",
     "RunaiAdminView",
+    "SchedulingOfferView",
     "Unauthorized",
     "Unavailable",
     "get_gpu_availability",
+    "get_scheduling_offer",
 ]
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 DEFAULT_BASE_URL = "https://scheduling-webhook.hopsworks.svc"
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class GpuApiError(Exception):
@@ -141,6 +150,11 @@ class GpuClient:
     async def get_runai_admin_view(self) -> RunaiAdminView:
         return await self._get("/api/v1/admin/runai", RunaiAdminView)
 
+    async def get_scheduling_offer(self, namespace: str, kind: str | None = None) -> SchedulingOfferView:
+        """What workloads of the project (of `kind`, e.g. "notebook") may choose, and their defaults."""
+        query = f"?kind={quote(kind, safe='')}" if kind else ""
+        return await self._get(f"/api/v1/projects/{quote(namespace, safe='')}/scheduling{query}", SchedulingOfferView)
+
     async def _get(self, path: str, model: type[M]) -> M:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl))
@@ -185,9 +199,31 @@ def get_gpu_availability(
         async with GpuClient(base_url, token, ca_file, timeout_s=timeout_s) as client:
             return await client.get_gpu_availability(namespace)
 
+    return _run_sync(run())
+
+
+def get_scheduling_offer(
+    namespace: str,
+    kind: str | None = None,
+    base_url: str = DEFAULT_BASE_URL,
+    token: str | None = None,
+    ca_file: str | os.PathLike[str] | None = None,
+    *,
+    timeout_s: float = 10.0,
+) -> SchedulingOfferView:
+    """Synchronous `GpuClient.get_scheduling_offer` (also inside a running event loop)."""
+
+    async def run() -> SchedulingOfferView:
+        async with GpuClient(base_url, token, ca_file, timeout_s=timeout_s) as client:
+            return await client.get_scheduling_offer(namespace, kind)
+
+    return _run_sync(run())
+
+
+def _run_sync(work: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run())
+        return asyncio.run(work)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, run()).result()
+        return pool.submit(asyncio.run, work).result()

@@ -26,6 +26,8 @@ from aiohttp import web
 
 from webhook.auth import AuthError, Authorizer, bearer_token
 from webhook.core.gpu_view import (
+    GpuAvailability,
+    RunaiAdminView,
     RunaiData,
     admin_view,
     project_gpu_view,
@@ -163,18 +165,107 @@ class MetricsCache:
         return result
 
 
-def _error(status: int, code: str, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(status: int, code: str, reason: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": reason, "code": code}, status=status, headers=headers)
 
 
-def _auth_error(exc: AuthError) -> web.Response:
+def auth_error_response(exc: AuthError) -> web.Response:
     headers = {"WWW-Authenticate": 'Bearer realm="scheduling-webhook"'} if exc.status == 401 else None
-    return _error(exc.status, exc.code, exc.reason, headers)
+    return error_response(exc.status, exc.code, exc.reason, headers)
 
 
-def _json(payload: Any) -> web.Response:
+def private_json(payload: Any) -> web.Response:
     # Per-user answers: no shared cache may keep them.
     return web.json_response(payload, headers={"Cache-Control": "private, no-store"})
+
+
+class GpuViews:
+    """The GPU API's answers as objects: read by its routes, the scheduling API and the console.
+    `directory` None: Run:ai not configured."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        directory: RunaiDirectoryView | None,
+        *,
+        metrics_ttl_s: float = 5.0,
+        metrics_timeout_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.directory = directory
+        self._wall_clock = wall_clock
+
+        async def fetch(node_pool: str) -> NodePoolMetrics:
+            assert directory is not None
+            return await directory.node_pool_metrics(node_pool)
+
+        self.metrics = MetricsCache(fetch, ttl_s=metrics_ttl_s, timeout_s=metrics_timeout_s, clock=clock)
+
+    def runai_data(self) -> RunaiData | None:
+        if self.directory is None or not self.state.settings.run_ai_enable:
+            return None  # integration off: not a single call to Run:ai
+        return RunaiData(
+            reachable=self.directory.reachable,
+            projects=self.directory.projects(),
+            departments=self.directory.departments(),
+            node_pools=self.directory.node_pools(),
+        )
+
+    async def project(self, namespace: str, *, with_metrics: bool = True) -> GpuAvailability | None:
+        """The project's GPU view; None when `namespace` is no project namespace. `with_metrics`
+        False: no node-pool metrics call (the preemptible numbers stay empty)."""
+        snapshot = self.state.snapshot()
+        ns = snapshot.namespaces.get(namespace) if _DNS_LABEL.match(namespace) else None
+        if ns is None or not ns.is_project:
+            return None
+        data = self.runai_data()
+        pool = view_node_pool(ns, snapshot, data) if with_metrics else None
+        if data is not None and pool is not None and data.reachable:
+            # A control plane the directory cannot reach gets no extra call from here.
+            got = await self.metrics.get(pool)
+            data = replace(data, metrics=got) if isinstance(got, NodePoolMetrics) else replace(data, metrics_error=got)
+        return project_gpu_view(ns, snapshot, data, self._wall_clock())
+
+    def admin(self) -> RunaiAdminView | None:
+        """The admin view; None while Run:ai is on and there has never been Run:ai data."""
+        snapshot = self.state.snapshot()
+        data = self.runai_data()
+        if snapshot.settings.run_ai_enable and (data is None or not data.has_data):
+            return None
+        return admin_view(snapshot, data)
+
+    def routes(self, authorizer: Authorizer) -> list[web.RouteDef]:
+        async def project_gpu(request: web.Request) -> web.Response:
+            namespace = request.match_info["namespace"]
+            try:
+                # Authorize before looking the namespace up: a 404 would tell strangers it does not exist.
+                await authorizer.authorize_project(bearer_token(request.headers.get("Authorization")), namespace)
+            except AuthError as exc:
+                return auth_error_response(exc)
+            view = await self.project(namespace)
+            if view is None:
+                return error_response(404, "NotFound", f"{namespace} is not a project namespace")
+            return private_json(view.model_dump(mode="json"))
+
+        async def runai_admin(request: web.Request) -> web.Response:
+            try:
+                await authorizer.authorize_admin(bearer_token(request.headers.get("Authorization")))
+            except AuthError as exc:
+                return auth_error_response(exc)
+            view = self.admin()
+            if view is None:
+                return error_response(503, "RUN_AI_UNREACHABLE", NO_RUNAI_DATA)
+            return private_json(view.model_dump(mode="json"))
+
+        return [
+            web.get("/api/v1/projects/{namespace}/gpu", project_gpu, allow_head=False),
+            web.get("/api/v1/admin/runai", runai_admin, allow_head=False),
+        ]
+
+
+NO_RUNAI_DATA = "Run:ai control plane unreachable and no Run:ai data yet; try again once it is reachable"
 
 
 def gpu_api_routes(
@@ -188,59 +279,12 @@ def gpu_api_routes(
     wall_clock: Callable[[], float] = time.time,
 ) -> list[web.RouteDef]:
     """Routes for `create_app(state, routes=...)`. `directory` None: Run:ai not configured."""
-
-    async def fetch(node_pool: str) -> NodePoolMetrics:
-        assert directory is not None
-        return await directory.node_pool_metrics(node_pool)
-
-    metrics = MetricsCache(fetch, ttl_s=metrics_ttl_s, timeout_s=metrics_timeout_s, clock=clock)
-
-    def runai_data() -> RunaiData | None:
-        if directory is None or not state.settings.run_ai_enable:
-            return None  # integration off: not a single call to Run:ai
-        return RunaiData(
-            reachable=directory.reachable,
-            projects=directory.projects(),
-            departments=directory.departments(),
-            node_pools=directory.node_pools(),
-        )
-
-    async def project_gpu(request: web.Request) -> web.Response:
-        namespace = request.match_info["namespace"]
-        try:
-            # Authorize before looking the namespace up: a 404 would tell strangers it does not exist.
-            await authorizer.authorize_project(bearer_token(request.headers.get("Authorization")), namespace)
-        except AuthError as exc:
-            return _auth_error(exc)
-        snapshot = state.snapshot()
-        ns = snapshot.namespaces.get(namespace) if _DNS_LABEL.match(namespace) else None
-        if ns is None or not ns.is_project:
-            return _error(404, "NotFound", f"{namespace} is not a project namespace")
-        data = runai_data()
-        pool = view_node_pool(ns, snapshot, data)
-        if data is not None and pool is not None and data.reachable:
-            # A control plane the directory cannot reach gets no extra call from here.
-            got = await metrics.get(pool)
-            data = replace(data, metrics=got) if isinstance(got, NodePoolMetrics) else replace(data, metrics_error=got)
-        view = project_gpu_view(ns, snapshot, data, wall_clock())
-        return _json(view.model_dump(mode="json"))
-
-    async def runai_admin(request: web.Request) -> web.Response:
-        try:
-            await authorizer.authorize_admin(bearer_token(request.headers.get("Authorization")))
-        except AuthError as exc:
-            return _auth_error(exc)
-        snapshot = state.snapshot()
-        data = runai_data()
-        if snapshot.settings.run_ai_enable and (data is None or not data.has_data):
-            return _error(
-                503,
-                "RUN_AI_UNREACHABLE",
-                "Run:ai control plane unreachable and no Run:ai data yet; try again once it is reachable",
-            )
-        return _json(admin_view(snapshot, data).model_dump(mode="json"))
-
-    return [
-        web.get("/api/v1/projects/{namespace}/gpu", project_gpu, allow_head=False),
-        web.get("/api/v1/admin/runai", runai_admin, allow_head=False),
-    ]
+    views = GpuViews(
+        state,
+        directory,
+        metrics_ttl_s=metrics_ttl_s,
+        metrics_timeout_s=metrics_timeout_s,
+        clock=clock,
+        wall_clock=wall_clock,
+    )
+    return views.routes(authorizer)

@@ -149,12 +149,13 @@ class Runtime:
     ) -> tuple[dict[str, AdmissionHandler], list[web.RouteDef]]:
         from webhook.admin_api import admin_routes, authorize_with
         from webhook.auth import AccessCheck, KubeAuthorizer
-        from webhook.gpu_api import DirectoryAdapter, gpu_api_routes
+        from webhook.gpu_api import DirectoryAdapter, GpuViews
         from webhook.kubeapi import KubeApi
         from webhook.quota import GpuReservations
         from webhook.quota.handlers import validate_pods_handler
         from webhook.runai.departments import DepartmentMover
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
+        from webhook.scheduling_api import scheduling_routes
 
         options = self.options
         kube = KubeApi(api_client, options.namespace)
@@ -195,8 +196,10 @@ class Runtime:
         }
         gpu_auth = KubeAuthorizer(kube)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
+        views = GpuViews(self.state, DirectoryAdapter(runai.directory, runai.client))
         routes = [
-            *gpu_api_routes(self.state, DirectoryAdapter(runai.directory, runai.client), gpu_auth),
+            *views.routes(gpu_auth),
+            *scheduling_routes(views, gpu_auth),
             *admin_routes(mover, authorize_with(admin_auth)),
         ]
         return handlers, routes

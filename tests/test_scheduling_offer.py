@@ -1,0 +1,379 @@
+"""The scheduling offer (`GET /api/v1/projects/{namespace}/scheduling`) and admission agree.
+
+Table tests for `scheduling_offer` (choices, defaults, the level each default came from), then the
+proof of agreement: every value the offer lists is admitted by pod mutation, every value outside it
+is refused, and a pod that chooses nothing gets the offer's defaults — once on the pure decision,
+once over HTTPS (the offer read with the Python client, the pods sent as AdmissionReviews).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import SCHEDULER, cluster_state, local_queue, namespace
+from tests.support.https import StartHttpsServer
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
+from webhook.app import create_app
+from webhook.auth import KubeAuthorizer
+from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
+from webhook.core.gpu_view import RunaiData, project_gpu_view
+from webhook.core.offer import scheduling_offer
+from webhook.core.offer_view import gpu_offer, offer_view
+from webhook.core.scheduling import mutate_pod
+from webhook.core.validation import validate_pod
+from webhook.gpu_api import GpuViews
+from webhook.kubeapi import KubeApi
+from webhook.runai.models import NodePool, Project
+from webhook.scheduling_api import scheduling_routes
+from webhook.snapshot import RunaiProjectInfo
+from webhook.state.store import ClusterState
+
+ZONE = "topology.kubernetes.io/zone=eu-1a"
+A100 = "nvidia.com/gpu.product=A100"
+SSD = "disk=ssd"
+AV = "scheduling.hopsworks.ai/available"
+DF = "scheduling.hopsworks.ai/defaults"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+
+NAMESPACES = [
+    namespace("churn"),  # the cluster's project subset and defaults
+    namespace(
+        "fraud",  # its own subset and defaults
+        annotations={
+            AV: json.dumps({"affinity": [A100, ZONE], "priorityClasses": ["low", "high"], "queues": ["gpu", "cpu"]}),
+            DF: json.dumps({"affinity": [A100], "priorityClass": "high", "queue": "gpu", "topology": "host"}),
+        },
+    ),
+    namespace("broken", annotations={AV: "{not json"}),  # ignored, with a note: the cluster's subset applies
+]
+QUEUES = [local_queue("churn", "default"), local_queue("churn", "team"), local_queue("fraud", "gpu")]
+
+
+def state(**flat: Any) -> ClusterState:
+    return cluster_state(namespaces=NAMESPACES, extra=QUEUES, **flat)
+
+
+def offer_of(st: ClusterState, name: str, kind: str | None = None) -> SchedulingOfferView:
+    snap = st.snapshot()
+    ns = snap.namespaces[name]
+    return offer_view(scheduling_offer(ns, snap), snap, project_gpu_view(ns, snap, None, 0), kind)
+
+
+# ---- the offer, as a table -------------------------------------------------------------------------
+
+OFFER_CASES = [
+    # (id, settings, namespace, kind, expected fields of the answer)
+    ("cluster subset and defaults", {}, "churn", None, {
+        "affinity": {"choices": [ZONE, SSD], "default": [], "level": "cluster"},
+        "anti_affinity": {"choices": ["maintenance=true"], "default": ["maintenance=true"], "level": "cluster"},
+        "priority_class": {"choices": [{"name": "low", "value": 1000, "preemption_policy": "Never"},
+                                       {"name": "normal", "value": 10000,
+                                        "preemption_policy": "PreemptLowerPriority"}],
+                           "default": "normal", "level": "cluster"},
+        "kueue_enabled": False, "queue": None, "topology": None, "notes": []}),
+    ("project subset and defaults", {}, "fraud", None, {
+        "affinity": {"choices": [A100, ZONE], "default": [A100], "level": "project"},
+        "anti_affinity": {"choices": ["maintenance=true"], "default": ["maintenance=true"], "level": "cluster"},
+        "priority_class": {"choices": [{"name": "low", "value": 1000, "preemption_policy": "Never"},
+                                       {"name": "high", "value": 100000,
+                                        "preemption_policy": "PreemptLowerPriority"}],
+                           "default": "high", "level": "project"}}),
+    ("kueue: the namespace's LocalQueues, the cluster's default queue", {"kueue_installed": True}, "churn", None, {
+        "kueue_enabled": True,
+        "queue": {"choices": ["default", "team"], "existing": ["default", "team"], "default": "default",
+                  "level": "cluster"},
+        "topology": {"choices": [{"name": "host", "node_label": "kubernetes.io/hostname"},
+                                 {"name": "zone", "node_label": "topology.kubernetes.io/zone"},
+                                 {"name": "region", "node_label": "topology.kubernetes.io/region"}],
+                     "default": None, "level": None}}),
+    ("kueue: the project's queues and defaults", {"kueue_installed": True}, "fraud", "notebook", {
+        "queue": {"choices": ["gpu", "cpu"], "existing": ["gpu"], "default": "gpu", "level": "project"},
+        "topology": {"default": "host", "level": "project"}}),
+    ("kueue: system jobs get the system queue", {"kueue_installed": True}, "fraud", "system-job", {
+        "queue": {"choices": ["gpu", "cpu"], "existing": ["gpu"], "default": "system", "level": "cluster"}}),
+    ("kueue and run:ai both on: run:ai's queue wins, no queue choice", {"kueue_installed": True,
+                                                                         "run_ai_enable": True}, "churn", None, {
+        "kueue_enabled": False, "queue": None, "topology": None}),
+    ("broken project settings: cluster subset, with a note", {}, "broken", None, {
+        "affinity": {"choices": [ZONE, SSD], "default": [], "level": "cluster"}}),
+]  # fmt: skip
+
+
+def _subset(actual: Any, expected: Any) -> None:
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), actual
+        for key, value in expected.items():
+            _subset(actual[key], value)
+    else:
+        assert actual == expected
+
+
+@pytest.mark.parametrize(("settings", "name", "kind", "expected"), [pytest.param(*c[1:], id=c[0]) for c in OFFER_CASES])
+def test_offer(settings: dict[str, Any], name: str, kind: str | None, expected: dict[str, Any]) -> None:
+    st = state(kueue_system_jobs_local_queue="system", **settings)
+    _subset(offer_of(st, name, kind).model_dump(mode="json"), expected)
+
+
+def test_broken_project_settings_are_named_in_the_notes_admission_warns_with() -> None:
+    st = state()
+    notes = offer_of(st, "broken").notes
+    assert len(notes) == 1 and notes[0].startswith("project scheduling settings ignored:") and AV in notes[0]
+    decision = mutate_pod(pod_review("broken")["request"], st.snapshot())
+    assert decision.allowed and list(decision.warnings) == notes
+
+
+def test_unknown_kind_is_a_value_error_naming_the_kinds() -> None:
+    with pytest.raises(ValueError, match="known: notebook, terminal"):
+        offer_of(state(), "churn", "spark")
+
+
+# ---- GPUs: the offer follows the GPU view, admission follows the same quota -------------------------
+
+
+def _runai_project(name: str, deserved: float) -> Project:
+    return Project.from_api(
+        {
+            "id": f"id-{name}",
+            "name": name,
+            "clusterId": "c1",
+            "parentId": "d1",
+            "requestedNamespace": name,
+            "resources": [{"nodePool": {"id": "p1", "name": "default"}, "gpu": {"deserved": deserved}}],
+            "status": {"phase": "Ready", "namespace": name},
+        }
+    )
+
+
+GPU_CASES = [
+    # (id, bound, Run:ai project's deserved GPUs (None: Run:ai has no such project), kind, GPUs allowed)
+    ("no-quota-notebook", True, 0, "notebook", False),
+    ("quota-notebook", True, 2, "notebook", True),
+    ("no-quota-job", True, 0, "job", True),
+    ("no-quota-unrecognised-pod", True, 0, None, True),
+    ("not-bound-notebook", False, 2, "notebook", False),
+    ("not-bound-job", False, 2, "job", False),
+    ("project-missing-in-runai", True, None, "notebook", True),
+]
+
+
+@pytest.mark.parametrize(("bound", "deserved", "kind", "allowed"), [pytest.param(*c[1:], id=c[0]) for c in GPU_CASES])
+def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
+    bound: bool, deserved: float | None, kind: str | None, allowed: bool
+) -> None:
+    ns = namespace("gpu", labels={"runai/queue": "gpu"} if bound else {})
+    st = cluster_state(namespaces=[ns], run_ai_enable=True)
+    snap = st.snapshot()
+    projects = [_runai_project("gpu", deserved)] if deserved is not None else []
+    snap.runai_projects = {
+        p.name: RunaiProjectInfo(id=p.id, name=p.name, namespace=p.name, deserved_gpus=p.gpu_quota) for p in projects
+    }
+    pools = [NodePool.from_api({"id": "p1", "name": "default", "clusterId": "c1", "isDefault": True})]
+    data = RunaiData(reachable=True, projects=projects, departments=[], node_pools=pools)
+    offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind)
+    assert offer.allowed is allowed, offer
+    labels = {"hopsworks.ai/workload-type": kind} if kind else {}
+    decision = validate_pod(pod_review("gpu", labels=labels, gpus=1)["request"], snap, 0)
+    assert decision.allowed is allowed, decision.message
+    assert offer.quota_checked is (bound and deserved is not None and kind == "notebook")
+
+
+def test_gpus_with_runai_off_are_kubernetes_to_schedule() -> None:
+    offer = offer_of(state(), "churn").gpus
+    assert offer.allowed and not offer.quota_checked and offer.status == "RUN_AI_DISABLED"
+
+
+# ---- agreement: each offered value admitted, each other value refused ------------------------------
+
+Decide = Callable[[dict[str, Any]], Awaitable[tuple[bool, str, dict[str, Any]]]]
+
+
+def outside(offered: list[str], universe: list[str], made_up: str) -> list[str]:
+    return [v for v in universe if v not in offered] + [made_up]
+
+
+async def assert_agreement(offer: SchedulingOfferView, decide: Decide, universe: dict[str, list[str]]) -> int:
+    """Ask `decide` (admission) about every offered value and values outside the offer; returns how
+    many reviews were decided."""
+    ns = offer.namespace
+    asked = 0
+
+    async def ask(**fields: Any) -> tuple[bool, str, dict[str, Any]]:
+        nonlocal asked
+        asked += 1
+        return await decide(pod_review(ns, **fields))
+
+    # A pod that chooses nothing gets the offer's defaults.
+    allowed, message, pod = await ask()
+    assert allowed, message
+    assert pod["spec"].get("priorityClassName") == offer.priority_class.default
+    required = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    terms = required.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+    expressions = [e for t in terms for e in t["matchExpressions"]]
+    for label in offer.affinity.default:
+        key, _, value = label.partition("=")
+        assert {"key": key, "operator": "In", "values": [value]} in expressions
+    for label in offer.anti_affinity.default:
+        key, _, value = label.partition("=")
+        assert {"key": key, "operator": "NotIn", "values": [value]} in expressions
+    if offer.queue is not None and offer.topology is not None:
+        assert pod["metadata"]["labels"][QUEUE_LABEL] == offer.queue.default
+        units = {t.name: t.node_label for t in offer.topology.choices}
+        topology = pod["metadata"].get("annotations", {}).get("kueue.x-k8s.io/podset-required-topology")
+        assert topology == (units[offer.topology.default] if offer.topology.default else None)
+
+    for annotation, choices, what in (
+        ("scheduling.hopsworks.ai/affinity", offer.affinity.choices, "affinity"),
+        ("scheduling.hopsworks.ai/anti-affinity", offer.anti_affinity.choices, "antiAffinity"),
+    ):
+        for value in choices:
+            allowed, message, pod = await ask(annotations={annotation: value})
+            assert allowed, (what, value, message)
+            assert_valid_pod(pod)
+        for value in outside(choices, universe[what], "made-up=1"):
+            allowed, message, _ = await ask(annotations={annotation: value})
+            assert not allowed, (what, value)
+            assert f"allowed: {', '.join(choices) or 'none'}" in message, message
+
+    names = [c.name for c in offer.priority_class.choices]
+    for choice in offer.priority_class.choices:
+        allowed, message, pod = await ask(spec={"priorityClassName": choice.name})
+        assert allowed, (choice, message)
+        assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == (choice.name, choice.value)
+    for name in outside(names, universe["priorityClasses"], "made-up"):
+        allowed, message, _ = await ask(spec={"priorityClassName": name})
+        assert not allowed, name
+        assert f"allowed: {', '.join(names)}" in message, message
+
+    if offer.queue is not None and offer.topology is not None:
+        for queue in offer.queue.choices:
+            allowed, message, pod = await ask(labels={QUEUE_LABEL: queue})
+            assert allowed and pod["metadata"]["labels"][QUEUE_LABEL] == queue, message
+        for queue in outside(offer.queue.choices, universe["queues"], "made-up"):
+            allowed, message, _ = await ask(labels={QUEUE_LABEL: queue})
+            assert not allowed and "allowed:" in message, queue
+        for unit in offer.topology.choices:
+            allowed, message, pod = await ask(annotations={"scheduling.hopsworks.ai/topology": unit.name})
+            assert allowed, message
+            assert pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == unit.node_label
+        allowed, message, _ = await ask(annotations={"scheduling.hopsworks.ai/topology": "made-up"})
+        assert not allowed and "not a topology unit" in message
+    return asked
+
+
+UNIVERSE = {
+    "affinity": [A100, ZONE, SSD],
+    "antiAffinity": ["maintenance=true"],
+    "priorityClasses": ["low", "normal", "high"],
+    "queues": ["default", "team", "gpu", "cpu", "system"],
+}
+SETTINGS = [{}, {"kueue_installed": True}]
+
+
+def pure_decide(st: ClusterState) -> Decide:
+    async def decide(review: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
+        decision = mutate_pod(review["request"], st.snapshot())
+        pod = apply_patch(review["request"]["object"], list(decision.patch)) if decision.allowed else {}
+        return decision.allowed, decision.message, pod
+
+    return decide
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["kueue-off", "kueue-on"])
+@pytest.mark.parametrize("name", ["churn", "fraud", "broken"])
+async def test_admission_admits_exactly_the_offer(settings: dict[str, Any], name: str) -> None:
+    st = state(**settings)
+    assert await assert_agreement(offer_of(st, name), pure_decide(st), UNIVERSE) > 10
+
+
+# ---- the same over HTTPS: the API read by the Python client, admission as the apiserver asks -------
+
+
+@dataclass
+class Served:
+    base_url: str
+    ca_file: str
+    post: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@pytest.fixture
+async def served(https_server: StartHttpsServer) -> AsyncIterator[Served]:
+    async with KubeEmulator(token="webhook-sa-token") as kube:
+        kube.add_user("alice-token", "alice", groups=["system:authenticated"])
+        kube.allow("alice", "get", "pods", namespace="fraud")
+        kube.allow("alice", "get", "pods", namespace="churn")
+        kube.add_user("bob-token", "bob", groups=["system:authenticated"])
+        st = state(kueue_installed=True)
+        for kind in st.synced:
+            st.synced[kind] = True
+        api_client = kube.api_client()
+        try:
+            routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
+            srv = await https_server(create_app(st, routes=routes))
+
+            async def post(review: dict[str, Any]) -> dict[str, Any]:
+                async with srv.session.post(srv.url("/mutate/pods"), json=review) as resp:
+                    assert resp.status == 200
+                    return await resp.json()
+
+            # The serving certificate names 127.0.0.1 too; the client verifies it against the test CA.
+            yield Served(f"https://127.0.0.1:{srv.port}", str(srv.certs.ca_file), post)
+        finally:
+            await api_client.close()
+
+
+async def test_offer_over_https_agrees_with_admission_over_https(served: Served) -> None:
+    async def decide(review: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
+        response = (await served.post(review))["response"]
+        if not response["allowed"]:
+            return False, response["status"]["message"], {}
+        patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+        return True, "", apply_patch(review["request"]["object"], patch)
+
+    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
+        for name in ("churn", "fraud"):
+            offer = await client.get_scheduling_offer(name, kind="notebook")
+            assert offer.kueue_enabled and offer.queue is not None
+            assert await assert_agreement(offer, decide, UNIVERSE) > 10
+
+
+async def test_offer_is_for_project_members_only(served: Served) -> None:
+    async with GpuClient(served.base_url, "bob-token", served.ca_file) as client:
+        with pytest.raises(Forbidden):
+            await client.get_scheduling_offer("churn")
+    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
+        with pytest.raises(GpuApiError) as bad_kind:
+            await client.get_scheduling_offer("churn", kind="spark")
+        assert bad_kind.value.status == 400 and "known: notebook" in bad_kind.value.reason
+    # A namespace alice may not read is a 403 before any lookup, as for the GPU view.
+    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
+        with pytest.raises(Forbidden):
+            await client.get_scheduling_offer("kube-public")
+
+
+async def test_not_a_project_is_404_for_someone_who_may_look(https_server: StartHttpsServer) -> None:
+    async with KubeEmulator(token="webhook-sa-token") as kube:
+        kube.add_user("root-token", "root", groups=["system:masters"])
+        kube.allow("group:system:masters")
+        st = state()
+        api_client = kube.api_client()
+        try:
+            routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
+            srv = await https_server(create_app(st, routes=routes))
+            async with GpuClient(f"https://127.0.0.1:{srv.port}", "root-token", str(srv.certs.ca_file)) as client:
+                for name in ("hopsworks", "nowhere", "Not_A_Name"):
+                    with pytest.raises(NotFound):
+                        await client.get_scheduling_offer(name)
+        finally:
+            await api_client.close()
+
+
+def test_scheduler_fixture_is_what_the_universe_covers() -> None:
+    assert set(SCHEDULER["available"]["affinity"]) == set(UNIVERSE["affinity"])
