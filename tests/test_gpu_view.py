@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import cluster_state, namespace
+from tests.support.reviews import owned_by
 from webhook.core.gpu_view import (
     BINDING_LEFT,
     DEPARTMENT_DRIFT,
@@ -109,6 +110,7 @@ def pod(name: str, gpus: float | None = None, kind: str = "notebook", phase: str
             "uid": f"uid-{name}",
             "labels": {"hopsworks.ai/workload-type": kind},
             "annotations": {"gpu-fraction": fraction} if fraction else {},
+            **({"ownerReferences": owned_by("Job", name=name)} if kind in ("job", "system-job") else {}),
         },
         "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]},
         "status": {"phase": phase},

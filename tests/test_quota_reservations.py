@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from tests.support.cluster import cluster_state, namespace
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
-from tests.support.reviews import pod_review
+from tests.support.reviews import owned_by, pod_review
 from webhook.app import AdmissionHandler, create_app
 from webhook.core.decision import Decision
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, validate_pod
@@ -323,8 +323,9 @@ async def test_bound_project_without_runai_view_is_admitted_unchecked_and_unrese
 
 async def test_jobs_and_cpu_pods_never_write(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:
     (a,) = await replicas(1, deserved=0)
-    assert (await a.handler(notebook("uid-1", gpus=4, labels={"job-name": "train"}))).allowed
-    assert (await a.handler(notebook("uid-2", gpus=4, labels={"job-type": "system"}))).allowed
+    job = owned_by("Job")
+    assert (await a.handler(notebook("uid-1", gpus=4, labels={"job-name": "train"}, owners=job))).allowed
+    assert (await a.handler(notebook("uid-2", gpus=4, labels={"job-type": "system"}, owners=job))).allowed
     assert (await a.handler(notebook("uid-3", gpus=None))).allowed
     assert writes(kube) == 0
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import local_queue, namespace, priority_class, snapshot
-from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, pod_review, review
+from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, owned_by, pod_review, review
 from webhook.core.scheduling import mutate_pod
 
 ZONE = "topology.kubernetes.io/zone=eu-1a"
@@ -60,6 +60,7 @@ class Case:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     spec: dict[str, Any] = field(default_factory=dict)
+    owners: list[dict[str, Any]] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     extra: list[dict[str, Any]] = field(default_factory=list)
     base: str = "pod-create-kubectl-run.json"
@@ -87,6 +88,10 @@ def _all(*checks: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]]
 
     return check
 
+
+# `low` as the cluster's globalDefault class, and a pod the Priority plugin gave it to.
+GLOBAL_LOW = priority_class("low", 1000, "Never", True)
+PLUGIN_LOW = {"priorityClassName": "low", "priority": 1000, "preemptionPolicy": "Never"}
 
 CASES = [
     Case("S6 namespace that is not a project passes unchanged", namespace="plain", changed=False),
@@ -153,6 +158,50 @@ CASES = [
         spec={"priorityClassName": "everyone", "priority": 5},
         extra=[priority_class("everyone", 5, None, True)],
         check=_all(_eq(("spec", "priorityClassName"), "normal"), _eq(("spec", "priority"), 10000)),
+    ),
+    # The Priority plugin filled in the cluster's globalDefault class (spec.priority with it); the
+    # webhook cannot tell that from a choice, so the class yields unless the pod says it chose it.
+    Case(
+        "S1 a global default class inside the project's subset yields to the project default",
+        namespace="fraud",
+        spec=PLUGIN_LOW,
+        extra=[GLOBAL_LOW],
+        check=_all(
+            _eq(("spec", "priorityClassName"), "high"),
+            _eq(("spec", "priority"), 100000),
+            _eq(("spec", "preemptionPolicy"), "PreemptLowerPriority"),
+        ),
+    ),
+    Case(
+        "S1 a global default class the workload says it chose is kept",
+        namespace="fraud",
+        spec=PLUGIN_LOW,
+        annotations={"scheduling.hopsworks.ai/priority-class": "low"},
+        extra=[GLOBAL_LOW],
+        check=_all(_eq(("spec", "priorityClassName"), "low"), _eq(("spec", "priority"), 1000)),
+    ),
+    Case(
+        "S1 the annotation naming another class does not make the global default a choice",
+        namespace="fraud",
+        spec=PLUGIN_LOW,
+        annotations={"scheduling.hopsworks.ai/priority-class": "high"},
+        extra=[GLOBAL_LOW],
+        check=_eq(("spec", "priorityClassName"), "high"),
+    ),
+    Case(
+        "S1 a global default class chosen explicitly outside the subset is refused",
+        spec={"priorityClassName": "everyone", "priority": 5},
+        annotations={"scheduling.hopsworks.ai/priority-class": "everyone"},
+        extra=[priority_class("everyone", 5, None, True)],
+        allowed=False,
+        message=("priority class everyone not available in project churn", "allowed: low, normal"),
+    ),
+    Case(
+        "S1 an explicit class that is not the global default still beats the project default",
+        namespace="fraud",
+        spec={"priorityClassName": "high", "priority": 100000},
+        extra=[GLOBAL_LOW],
+        check=_eq(("spec", "priorityClassName"), "high"),
     ),
     Case(
         "S2 affinity labels of different keys are ORed as separate terms",
@@ -256,6 +305,7 @@ CASES = [
         "S4 Kueue: system jobs go to the system queue",
         settings={"kueue_installed": True},
         labels={"job-type": "materialization"},
+        owners=owned_by("Job"),
         extra=[local_queue("churn", "system")],
         check=_eq(("metadata", "labels", "kueue.x-k8s.io/queue-name"), "system"),
     ),
@@ -329,7 +379,14 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_scheduling_rules(case: Case) -> None:
     snap = snapshot(namespaces=NAMESPACES, extra=case.extra, **case.settings)
-    data = pod_review(case.namespace, base=case.base, labels=case.labels, annotations=case.annotations, spec=case.spec)
+    data = pod_review(
+        case.namespace,
+        base=case.base,
+        labels=case.labels,
+        annotations=case.annotations,
+        spec=case.spec,
+        owners=case.owners,
+    )
     decision = mutate_pod(data["request"], snap)
     assert_decision(decision, allowed=case.allowed, message=case.message, warning=case.warning)
     if not case.allowed:
@@ -344,6 +401,25 @@ def test_scheduling_rules(case: Case) -> None:
     data["request"]["object"] = patched
     again = mutate_pod(data["request"], snap)
     assert again.allowed and again.patch == (), again.patch
+
+
+def test_replacing_the_plugins_class_replaces_priority_and_preemption_policy() -> None:
+    # S3: the plugin set spec.priority (and preemptionPolicy) from its class; the patch replaces
+    # them from the new class, with `replace` for fields that exist and `add` for ones that do not.
+    snap = snapshot(namespaces=NAMESPACES, extra=[GLOBAL_LOW])
+    data = pod_review("fraud", spec=PLUGIN_LOW)
+    decision = mutate_pod(data["request"], snap)
+    ops = {op["path"]: op for op in decision.patch if op["path"].startswith("/spec/p")}
+    assert ops == {
+        "/spec/priorityClassName": {"op": "replace", "path": "/spec/priorityClassName", "value": "high"},
+        "/spec/priority": {"op": "replace", "path": "/spec/priority", "value": 100000},
+        "/spec/preemptionPolicy": {"op": "replace", "path": "/spec/preemptionPolicy", "value": "PreemptLowerPriority"},
+    }
+    del data["request"]["object"]["spec"]["preemptionPolicy"]  # a pod without it: added, not replaced
+    decision = mutate_pod(data["request"], snap)
+    assert {"op": "add", "path": "/spec/preemptionPolicy", "value": "PreemptLowerPriority"} in decision.patch
+    patched = apply_patch(data["request"]["object"], list(decision.patch))
+    assert_valid_pod(patched)
 
 
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
@@ -366,12 +442,12 @@ def test_real_non_pod_create_reviews_pass_unchanged(name: str) -> None:
     assert decision.allowed and not decision.patch
 
 
-def test_patch_escapes_slashes_and_only_adds() -> None:
+def test_patch_escapes_slashes_and_never_removes() -> None:
     snap = snapshot(namespaces=NAMESPACES, run_ai_enable=True)
     data = pod_review("bound")
     decision = mutate_pod(data["request"], snap)
     ops = list(decision.patch)
-    assert all(op["op"] == "add" for op in ops)
+    assert all(op["op"] == "add" or (op["op"] == "replace" and op["path"].startswith("/spec/")) for op in ops)
     assert {"op": "add", "path": "/metadata/labels/runai~1queue", "value": "bound"} in ops
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
-from tests.support.reviews import assert_decision, pod_review
+from tests.support.reviews import assert_decision, owned_by, pod_review
 from webhook.core.kinds import parse_quantity
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
@@ -26,6 +26,7 @@ NOTEBOOK = {"jupyter": "true"}
 
 
 def running_pod(name: str, gpus: float, kind: str = "notebook", phase: str = "Running") -> dict[str, Any]:
+    """A pod of `kind`; a job is a pod the Job controller created (labels alone make no job)."""
     return {
         "kind": "Pod",
         "metadata": {
@@ -33,6 +34,7 @@ def running_pod(name: str, gpus: float, kind: str = "notebook", phase: str = "Ru
             "namespace": "vision",
             "uid": f"uid-{name}",
             "labels": {"hopsworks.ai/workload-type": kind},
+            **({"ownerReferences": owned_by("Job", name=name)} if kind in ("job", "system-job") else {}),
         },
         "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
         "status": {"phase": phase},
@@ -49,6 +51,7 @@ class Case:
     deserved: float | None = 2
     pods: list[dict[str, Any]] = field(default_factory=list)
     reservations: dict[str, float] = field(default_factory=dict)
+    owners: list[dict[str, Any]] | None = None
     run_ai: bool = True
     allowed: bool = True
     reason: str = ""
@@ -86,8 +89,72 @@ CASES = [
         "R3 waiting pods count", gpus=2, pods=[running_pod("a", 1, phase="Pending")], allowed=False, reason=OVER_QUOTA
     ),
     Case("R3 preemptible jobs do not count", gpus=2, pods=[running_pod("a", 2, kind="job")]),
-    Case("R3 jobs are never checked", labels={"job-name": "train"}, gpus=16),
-    Case("R3 system jobs are never checked", labels={"job-type": "system"}, gpus=16),
+    Case("R3 jobs are never checked", labels={"job-name": "train"}, owners=owned_by("Job"), gpus=16),
+    Case("R3 system jobs are never checked", labels={"job-type": "system"}, owners=owned_by("Job"), gpus=16),
+    # What makes a job: its controller, not what the pod says about itself.
+    Case(
+        "R3 a pod labelled as a job but created by no Job is checked",
+        labels={"job-name": "train"},
+        gpus=16,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case(
+        "R3 a pod saying workload-type job without a Job owner is checked",
+        labels={"hopsworks.ai/workload-type": "job"},
+        gpus=16,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case(
+        "R3 a pod saying it is a system job without a Job owner is checked",
+        labels={"job-type": "system"},
+        gpus=16,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case(
+        "R3 an ownerReference to a Job that is not the controller does not make a job",
+        labels={"job-name": "train"},
+        owners=owned_by("Job", controller=False),
+        gpus=16,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case(
+        "R3 a Job of another API group is no batch Job",
+        owners=owned_by("Job", api_version="example.com/v1"),
+        labels={},
+        gpus=16,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case(
+        "R3 an unrecognised kind (app: streamlit) is checked",
+        labels={"app": "streamlit"},
+        gpus=3,
+        allowed=False,
+        reason=OVER_QUOTA,
+        message=("2 of 2 deserved GPUs left", "asks for 3"),
+    ),
+    Case("R3 a pod with no labels is checked", labels={}, gpus=3, allowed=False, reason=OVER_QUOTA),
+    Case(
+        "R3 a Ray worker is checked",
+        labels={"ray.io/node-type": "worker", "ray.io/cluster": "rc"},
+        owners=owned_by("RayCluster", api_version="ray.io/v1", name="rc"),
+        gpus=3,
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
+    Case("R3 an unrecognised kind within quota is admitted", labels={"app": "streamlit"}, gpus=2),
+    Case(
+        "R3 waiting pods of unrecognised kinds count",
+        labels={},
+        gpus=1,
+        pods=[running_pod("s", 2, kind="", phase="Pending")],
+        allowed=False,
+        reason=OVER_QUOTA,
+    ),
     Case("R3 pods without GPUs are not checked", gpus=None, deserved=0),
     Case(
         "R3 Run:ai fractions count",
@@ -139,7 +206,9 @@ def test_pod_validation(case: Case) -> None:
             for k, g in case.reservations.items()
         }
     }
-    data = pod_review(case.namespace, labels=case.labels, annotations=case.annotations, gpus=case.gpus)
+    data = pod_review(
+        case.namespace, labels=case.labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners
+    )
     decision = validate_pod(data["request"], snap, now=NOW)
     assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
 
@@ -183,15 +252,22 @@ def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -
     # A rule added to the settings after the pods were cached (or pods listed before the settings
     # arrived): the pods' kinds follow the rules in force, so the quota sum does too.
     state = cluster_state(run_ai_enable=True)
-    pod = running_pod("studio", 2)
-    pod["metadata"]["labels"] = {"app": "studio"}  # no rule knows it yet: not quota-checked
-    state.apply(pod)
-    assert gpus_in_use(state.snapshot(), "vision", NOW) == 0
-    scheduler = copy.deepcopy(dict(SCHEDULER))
-    scheduler["workloadKinds"] = {"rules": [{"label": "app", "value": "studio", "kind": "app"}]}
-    state.apply(settings_configmap(scheduler=scheduler, run_ai_enable=True))
-    assert state.snapshot().pods["vision"]["uid-studio"].kind == "app"
+    pod = running_pod("spark", 2)
+    pod["metadata"]["labels"] = {"spark-role": "driver"}
+    pod["metadata"]["ownerReferences"] = owned_by("SparkApplication", "sparkoperator.k8s.io/v1beta2", "etl")
+    state.apply(pod)  # no job owner knows it yet: unknown kind, quota-checked
+    assert state.snapshot().pods["vision"]["uid-spark"].kind is None
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 2
+    scheduler = copy.deepcopy(dict(SCHEDULER))
+    scheduler["workloadKinds"] = {
+        "jobOwners": [
+            {"apiGroup": "batch", "kind": "Job"},
+            {"apiGroup": "sparkoperator.k8s.io", "kind": "SparkApplication"},
+        ]
+    }
+    state.apply(settings_configmap(scheduler=scheduler, run_ai_enable=True))
+    assert state.snapshot().pods["vision"]["uid-spark"].kind == "job"
+    assert gpus_in_use(state.snapshot(), "vision", NOW) == 0
 
 
 def test_a_refused_settings_configmap_keeps_the_last_good_settings_and_says_so() -> None:

@@ -284,8 +284,10 @@ CASES = [
         message=("asks for 3 ", "3 × 1 GPUs"),
     ),
     Case(
-        "template without a workload kind is not checked (its pods are not either)",
+        "template without a workload kind is checked (its pods are too)",
         lambda: workload(replicas=8, gpus=8, labels={}),
+        allowed=False,
+        message=("asks for 64 ",),
     ),
     Case(
         "GPU fractions in template annotations count",

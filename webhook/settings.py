@@ -16,8 +16,16 @@ SETTINGS_CONFIGMAP = "hopsworks-cluster-settings"
 DEFAULT_RUNAI_URL = "http://runai-backend-traefik.runai-backend.svc.cluster.local:8080"
 
 WORKLOAD_KINDS = ("notebook", "terminal", "app", "deployment", "job", "system-job")
-# Run:ai does not preempt these, so they are admitted only within the project's deserved quota.
-QUOTA_CHECKED_KINDS = frozenset({"notebook", "terminal", "app", "deployment"})
+# Run:ai preempts jobs, so they run over quota unchecked. Everything else, a kind not recognised
+# (None) included, is non-preemptible and admitted only within the project's deserved quota.
+PREEMPTIBLE_KINDS = frozenset({"job", "system-job"})
+
+
+def quota_checked(kind: str | None) -> bool:
+    """Whether pods of this workload kind count against, and are checked by, the deserved quota."""
+    return kind not in PREEMPTIBLE_KINDS
+
+
 BUILTIN_TOPOLOGIES = {
     "host": "kubernetes.io/hostname",
     "zone": "topology.kubernetes.io/zone",
@@ -101,12 +109,26 @@ def _default_kind_rules() -> list[LabelRule]:
     ]
 
 
+class JobOwner(_Strict):
+    """A controller kind whose pods are jobs (`apiGroup` without version: `batch`, `ray.io`)."""
+
+    api_group: str = Field(alias="apiGroup")
+    kind: str
+
+
+def _default_job_owners() -> list[JobOwner]:
+    return [JobOwner(apiGroup="batch", kind="Job")]
+
+
 class WorkloadKindRules(_Strict):
     rules: list[LabelRule] = Field(default_factory=_default_kind_rules)
     # Values of the `job-type` label that mark the platform's own system jobs.
     system_job_types: list[str] = Field(
         default_factory=lambda: ["system", "materialization", "statistics"], alias="systemJobTypes"
     )
+    # A pod is a job (or system job) only when its controller (the ownerReference with
+    # `controller: true`) is one of these; labels alone never make a pod a job.
+    job_owners: list[JobOwner] = Field(default_factory=_default_job_owners, alias="jobOwners")
 
 
 class SchedulerConfig(_Strict):

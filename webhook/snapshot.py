@@ -26,6 +26,9 @@ RUNAI_MOVE_ANNOTATION = "scheduling.hopsworks.ai/runai-move"
 AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/affinity"
 ANTI_AFFINITY_ANNOTATION = "scheduling.hopsworks.ai/anti-affinity"
 TOPOLOGY_ANNOTATION = "scheduling.hopsworks.ai/topology"
+# Says the workload chose its priority class itself, for a class the Priority admission plugin
+# could have filled in (the cluster's globalDefault class); see `core.scheduling._priority`.
+PRIORITY_CLASS_ANNOTATION = "scheduling.hopsworks.ai/priority-class"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -101,10 +104,23 @@ class PodRecord:
     # Kept for GPU pods only (the kind matters only for them): a change of the settings' workload
     # kind rules classifies them again instead of leaving the kind the old rules gave.
     labels: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    controller: tuple[str, str] | None = field(default=None, compare=False)  # (API group, kind) of its controller
+    scheduled: bool = False  # bound to a node: Run:ai has allocated its GPUs
 
     @property
     def finished(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class FreedPod:
+    """A GPU pod the pod cache saw deleted or finished: its GPUs are free from `at` on."""
+
+    uid: str
+    gpus: float
+    kind: str | None
+    scheduled: bool  # it was on a node, so Run:ai's allocation counted it until then
+    at: float  # epoch seconds the cache learnt it
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +130,10 @@ class RunaiProjectInfo:
     id: str
     name: str
     namespace: str
-    deserved_gpus: float = 0.0  # default node pool
+    deserved_gpus: float = 0.0  # on `node_pool`
+    node_pool: str | None = None  # the project's default node pool (see `core.gpu_view.default_node_pool`)
+    allocated_non_preemptible: float = 0.0  # Run:ai's count on `node_pool`
+    sampled_at: float = 0.0  # epoch seconds Run:ai's answer arrived
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +164,5 @@ class ClusterSnapshot:
     runai_projects: Mapping[str, RunaiProjectInfo] | None = None
     # namespace -> reservation key -> reservation
     gpu_reservations: Mapping[str, Mapping[str, GpuReservation]] = field(default_factory=dict)
+    # namespace -> pod uid -> GPU pods seen deleted or finished lately (kept `FREED_RETENTION_S`)
+    freed_pods: Mapping[str, Mapping[str, FreedPod]] = field(default_factory=dict)

@@ -60,8 +60,10 @@ def pod_review(
     operation: str = "CREATE",
     dry_run: bool = False,
     uid: str | None = None,
+    owners: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A real pod CREATE review moved into `namespace`, with labels/annotations/spec fields set."""
+    """A real pod CREATE review moved into `namespace`, with labels/annotations/spec fields set
+    (`owners`: its ownerReferences, e.g. `owned_by("Job")`)."""
     data = review(base)
     request = data["request"]
     request["namespace"] = namespace
@@ -77,12 +79,30 @@ def pod_review(
         pod["metadata"].setdefault("labels", {}).update(labels)
     if annotations:
         pod["metadata"].setdefault("annotations", {}).update(annotations)
+    if owners is not None:
+        pod["metadata"]["ownerReferences"] = copy.deepcopy(owners)
     if spec:
         pod["spec"].update(copy.deepcopy(dict(spec)))
     if gpus is not None:
         limits = pod["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})
         limits["nvidia.com/gpu"] = str(gpus) if gpus != int(gpus) else str(int(gpus))
     return data
+
+
+def owned_by(
+    kind: str = "Job", api_version: str = "batch/v1", name: str = "train", *, controller: bool = True
+) -> list[dict[str, Any]]:
+    """ownerReferences as a controller writes them on the pods it creates (the Job controller's)."""
+    return [
+        {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": f"uid-{kind.lower()}-{name}",
+            "controller": controller,
+            "blockOwnerDeletion": True,
+        }
+    ]
 
 
 def apply_patch(obj: Mapping[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:

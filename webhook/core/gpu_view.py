@@ -5,11 +5,12 @@ No I/O and no clock: the shell hands in the cluster snapshot, what the Run:ai di
 
 Numbers of the project view are for the project's default node pool (`view_node_pool`):
 
-* `available_non_preemptible` = max(0, deserved − in use), where in use is the larger of Run:ai's
-  `allocatedNonPreemptible` and the pod cache's non-preemptible GPUs (running or waiting
-  notebooks/terminals/apps/deployments plus reservations of admitted pods not yet seen). Run:ai
-  counts only what it has allocated; admission also counts what waits, so the view never promises
-  a GPU that admission would refuse. Null when there is no Run:ai project to take the quota from.
+* `available_non_preemptible` = max(0, `validation.gpus_left(...).left`), the very number admission
+  checks against: deserved minus the larger of Run:ai's `allocatedNonPreemptible` and the pod
+  cache's non-preemptible GPUs (running or waiting pods of any kind but jobs, plus reservations of
+  admitted pods not yet seen). Run:ai counts only what it has allocated; admission also counts what
+  waits, so the view never promises a GPU that admission would refuse. Null when there is no Run:ai
+  project to take the quota from.
 * `available_preemptible` = the node pool's unallocated GPUs (idle GPUs a job can use over quota),
   capped by the project's GPU limit minus its allocation when Run:ai sets a limit. Null without a
   metrics sample.
@@ -26,10 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from webhook.core.validation import gpus_in_use
+from webhook.core.validation import gpus_in_use, gpus_left
 from webhook.runai.models import Department, GpuUsage, NodePool, NodePoolGpuQuota, NodePoolMetrics, Project
-from webhook.settings import QUOTA_CHECKED_KINDS
-from webhook.snapshot import ClusterSnapshot, NamespaceInfo
+from webhook.settings import quota_checked
+from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
 
 # Status and warning codes. `status` is the most important code that applies, else OK.
 OK = "OK"
@@ -187,13 +188,39 @@ def find_project(ns: NamespaceInfo, projects: Iterable[Project]) -> Project | No
 
 
 def default_node_pool(project: Project | None, node_pools: Iterable[NodePool] | None) -> str | None:
-    """The project's first `defaultNodePools` entry, else the cluster's default node pool."""
+    """The project's first `defaultNodePools` entry, else the cluster's default node pool.
+
+    Run:ai's spec: a project's `defaultNodePools` is the order of node pools its workloads are
+    scheduled on when they name none, so its first entry is where a notebook's GPUs come from."""
     if project is not None:
         for source in (project.raw, project.raw.get("effective")):
             pools = source.get("defaultNodePools") if isinstance(source, Mapping) else None
             if isinstance(pools, list) and pools and isinstance(pools[0], str) and pools[0]:
                 return pools[0]
     return next((p.name for p in node_pools or () if p.is_default), None)
+
+
+def runai_project_info(
+    project: Project, namespace: str, node_pools: Iterable[NodePool] | None, sampled_at: float
+) -> RunaiProjectInfo:
+    """The snapshot record of `project` that `validation.gpus_left` reads: deserved GPUs and
+    Run:ai's non-preemptible allocation on the project's default node pool."""
+    pool = default_node_pool(project, node_pools)
+    if pool is None:  # no pool known: the project's totals are the best there is
+        deserved, usage = project.gpu_quota, project.usage
+    else:
+        quota = project.quota_on(pool)
+        deserved = quota.deserved if quota is not None else 0.0
+        usage = _usage_on(project.usage_by_node_pool, project.usage, pool)
+    return RunaiProjectInfo(
+        id=project.id,
+        name=project.name,
+        namespace=namespace,
+        deserved_gpus=deserved,
+        node_pool=pool,
+        allocated_non_preemptible=usage.allocated_non_preemptible,
+        sampled_at=sampled_at,
+    )
 
 
 def view_node_pool(ns: NamespaceInfo, snapshot: ClusterSnapshot, runai: RunaiData | None) -> str | None:
@@ -205,7 +232,7 @@ def view_node_pool(ns: NamespaceInfo, snapshot: ClusterSnapshot, runai: RunaiDat
 
 def pod_gpus(snapshot: ClusterSnapshot, namespace: str, now: float) -> PodGpus:
     pods = snapshot.pods.get(namespace, {}).values()
-    preemptible = sum(p.gpus for p in pods if not p.finished and p.kind not in QUOTA_CHECKED_KINDS)
+    preemptible = sum(p.gpus for p in pods if not p.finished and not quota_checked(p.kind))
     return PodGpus(non_preemptible=gpus_in_use(snapshot, namespace, now), preemptible=preemptible)
 
 
@@ -375,9 +402,14 @@ def project_gpu_view(
     pool = default_node_pool(project, runai.node_pools) if runai.has_data else None
     project_gpus = _project_gpus(project, pool) if project is not None else None
     available_np: float | None = None
-    if project_gpus is not None:
-        in_use = max(project_gpus.allocated_non_preemptible, pods.non_preemptible)
-        available_np = max(0.0, project_gpus.quota - in_use)
+    if project is not None:
+        # Admission's record when it is this project (same refresh, same node pool rule); else the
+        # directory's last answer, with nothing taken off Run:ai's count.
+        info = (snapshot.runai_projects or {}).get(ns.name)
+        if info is None or info.id != project.id:
+            info = runai_project_info(project, ns.name, runai.node_pools, sampled_at=now)
+        quota = gpus_left(snapshot, ns.name, now, project=info)
+        available_np = max(0.0, quota.left) if quota is not None else None
     node_pool_gpus = _node_pool_gpus(runai.metrics) if runai.metrics is not None else None
     available_p: float | None = None
     if node_pool_gpus is not None and node_pool_gpus.unallocated is not None:

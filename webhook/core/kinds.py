@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from webhook.settings import WORKLOAD_KINDS, WorkloadKindRules
+from webhook.settings import PREEMPTIBLE_KINDS, WORKLOAD_KINDS, WorkloadKindRules
 
 WORKLOAD_TYPE_LABEL = "hopsworks.ai/workload-type"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -17,18 +17,43 @@ GPU_FRACTION_DEVICES_ANNOTATION = "gpu-fraction-num-devices"
 GPU_MEMORY_ANNOTATION = "gpu-memory"
 
 
-def classify_workload(labels: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
-    """The platform's workload kind of a pod, or None when no rule says."""
+def controller_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(API group, kind) of the object's controller: its ownerReference with `controller: true`."""
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
+            api_version = str(ref.get("apiVersion") or "")
+            group = api_version.rpartition("/")[0]  # "batch/v1" -> "batch", "v1" -> ""
+            return (group, str(ref.get("kind") or ""))
+    return None
+
+
+def is_job_owner(controller: tuple[str, str] | None, rules: WorkloadKindRules) -> bool:
+    return controller is not None and any((o.api_group, o.kind) == controller for o in rules.job_owners)
+
+
+def classify_workload(
+    labels: Mapping[str, Any], rules: WorkloadKindRules, controller: tuple[str, str] | None = None
+) -> str | None:
+    """The platform's workload kind of a pod, or None when no rule says (quota-checked then).
+
+    Anyone who creates a pod writes its labels, so a label can make a pod a notebook, terminal, app
+    or deployment (checked) but never a job (exempt): a job is a pod controlled by one of
+    `rules.job_owners`, and labels then only tell a system job from a job. An ownerReference can be
+    written too, but the apiserver's garbage collector deletes a pod whose owner does not exist,
+    and a pod of a real Job is that Job's pod.
+    """
     explicit = labels.get(WORKLOAD_TYPE_LABEL)
-    if isinstance(explicit, str) and explicit in WORKLOAD_KINDS:
+    if isinstance(explicit, str) and explicit in WORKLOAD_KINDS and explicit not in PREEMPTIBLE_KINDS:
         return explicit
     for rule in rules.rules:
+        if rule.kind in PREEMPTIBLE_KINDS:
+            continue
         if rule.label in labels and (rule.value is None or labels[rule.label] == rule.value):
             return rule.kind
-    job_type = labels.get("job-type")
-    if job_type is not None and str(job_type) in rules.system_job_types:
-        return "system-job"
-    if "job-type" in labels or "job-name" in labels:
+    if is_job_owner(controller, rules):
+        job_type = labels.get("job-type")
+        if explicit == "system-job" or (job_type is not None and str(job_type) in rules.system_job_types):
+            return "system-job"
         return "job"
     return None
 

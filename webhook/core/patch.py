@@ -14,9 +14,9 @@ def escape(key: str) -> str:
 class PodPatch:
     """Collects the changes a decision means and emits only those operations.
 
-    `add` on an existing object member replaces it (RFC 6902 §4.1), so one verb serves both cases;
-    a missing parent map is added whole, so the patch never points into a path that is not there.
-    Nothing is ever removed.
+    Labels and annotations use `add`, which on an existing member replaces it (RFC 6902 §4.1); spec
+    fields the pod already has (the Priority plugin's `priority`) get `replace`. A missing parent map
+    is added whole, so the patch never points into a path that is not there. Nothing is ever removed.
     """
 
     def __init__(self, pod: Mapping[str, Any]) -> None:
@@ -63,8 +63,11 @@ class PodPatch:
             else:
                 for k, v in values.items():
                     ops.append({"op": "add", "path": f"/metadata/{name}/{escape(k)}", "value": v})
+        spec = self._pod.get("spec") or {}
         for k, v in self._spec.items():
-            ops.append({"op": "add", "path": f"/spec/{escape(k)}", "value": v})
+            # `add` would replace an existing member too (RFC 6902 §4.1); `replace` says so, and
+            # fails rather than creates should the field be gone by the time the patch applies.
+            ops.append({"op": "replace" if k in spec else "add", "path": f"/spec/{escape(k)}", "value": v})
         ops.extend(self._ops)
         return ops
 

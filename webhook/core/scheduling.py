@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.core.decision import Decision
-from webhook.core.kinds import classify_workload
+from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
 from webhook.core.patch import PodPatch
 from webhook.settings import ClusterSettings
@@ -22,6 +22,7 @@ from webhook.snapshot import (
     KUEUE_QUEUE_LABEL,
     KUEUE_TOPOLOGY_ANNOTATION,
     MIRROR_POD_ANNOTATION,
+    PRIORITY_CLASS_ANNOTATION,
     RUNAI_QUEUE_LABEL,
     TOPOLOGY_ANNOTATION,
     ClusterSnapshot,
@@ -79,7 +80,7 @@ def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarg
     return PodTarget(
         pod=pod,
         namespace=namespace,
-        kind=classify_workload(labels, snapshot.settings.scheduler.workload_kinds),
+        kind=classify_workload(labels, snapshot.settings.scheduler.workload_kinds, controller_owner(meta)),
         labels=labels,
         annotations=annotations,
         spec=_map(pod.get("spec")),
@@ -287,13 +288,20 @@ def _priority(m: _Mutation) -> None:
     classes = m.snapshot.priority_classes
     allowed = m.offer.priority_classes
     chosen = m.target.spec.get("priorityClassName") or None
+    existing = classes.get(str(chosen)) if chosen is not None else None
+    if (
+        existing is not None
+        and existing.global_default
+        and m.target.annotations.get(PRIORITY_CLASS_ANNOTATION) != chosen
+    ):
+        # The Priority admission plugin writes the cluster's globalDefault class into every pod
+        # that names none, before any webhook runs; the apiserver keeps no trace of who wrote it.
+        # So that class counts as not chosen and yields to the project default; a workload that
+        # wants it anyway says so with the annotation.
+        chosen = None
     if chosen is not None and chosen not in allowed:
-        existing = classes.get(str(chosen))
-        if existing is not None and existing.global_default:
-            chosen = None  # the Priority admission plugin put the cluster's global default there
-        else:
-            m.errors.append(_not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
-            return
+        m.errors.append(_not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
+        return
     effective = chosen or m.offer.default_priority_class
     if effective is None:
         return

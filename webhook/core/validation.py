@@ -7,13 +7,14 @@ reason the shell acts on: `RunaiProjectNotBound` (bind now, or refuse if Run:ai 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision
 from webhook.core.kinds import pod_gpu_request
 from webhook.core.scheduling import pod_target
-from webhook.settings import QUOTA_CHECKED_KINDS
-from webhook.snapshot import ClusterSnapshot
+from webhook.settings import quota_checked
+from webhook.snapshot import ClusterSnapshot, RunaiProjectInfo
 
 NOT_BOUND = "RunaiProjectNotBound"
 OVER_QUOTA = "GpuQuotaExceeded"
@@ -29,14 +30,69 @@ def request_key(request: Mapping[str, Any]) -> str:
 
 def gpus_in_use(snapshot: ClusterSnapshot, namespace: str, now: float, exclude: str = "") -> float:
     """GPUs held by the namespace's running or waiting non-preemptible pods, plus live reservations
-    for pods the cache does not show yet."""
+    for pods the cache does not show yet. A reservation of a pod the cache saw deleted or finished
+    no longer counts: its GPUs are free once the cache learns it, not when the reservation expires."""
     pods = snapshot.pods.get(namespace, {})
-    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and p.kind in QUOTA_CHECKED_KINDS)
+    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and quota_checked(p.kind))
     reservations = snapshot.gpu_reservations.get(namespace, {})
+    freed = snapshot.freed_pods.get(namespace, {})
     pending = sum(
-        r.gpus for key, r in reservations.items() if key != exclude and key not in pods and r.expires_at > now
+        r.gpus
+        for key, r in reservations.items()
+        if key != exclude and key not in pods and key not in freed and r.expires_at > now
     )
     return used + pending
+
+
+@dataclass(frozen=True, slots=True)
+class GpusLeft:
+    """A project's non-preemptible GPUs on its default node pool (R3): what admission checks, the
+    GPU view shows and a refusal says."""
+
+    node_pool: str | None
+    deserved: float
+    runai_in_use: float  # Run:ai's allocatedNonPreemptible, less pods that left since it was sampled
+    pods_in_use: float  # `gpus_in_use`: not-finished non-preemptible pods plus pending reservations
+
+    @property
+    def in_use(self) -> float:
+        return max(self.runai_in_use, self.pods_in_use)
+
+    @property
+    def left(self) -> float:
+        """May be negative (over-committed); show it with `max(left, 0)`."""
+        return self.deserved - self.in_use
+
+
+def gpus_left(
+    snapshot: ClusterSnapshot,
+    namespace: str,
+    now: float,
+    *,
+    project: RunaiProjectInfo | None = None,
+    exclude: str = "",
+) -> GpusLeft | None:
+    """The one computation of "GPUs left" (None: no Run:ai record of the project to take the quota
+    from). `project` defaults to the snapshot's record, which the directory refresh publishes.
+
+    Run:ai's count was sampled at `project.sampled_at`; a scheduled non-preemptible pod the cache
+    saw leave after that is still in it, so its GPUs are taken off: a freed GPU is available as
+    soon as the pod cache learns it, not at the next refresh."""
+    if project is None:
+        project = (snapshot.runai_projects or {}).get(namespace)
+        if project is None:
+            return None
+    freed_since = sum(
+        f.gpus
+        for f in snapshot.freed_pods.get(namespace, {}).values()
+        if f.at > project.sampled_at and f.scheduled and quota_checked(f.kind)
+    )
+    return GpusLeft(
+        node_pool=project.node_pool,
+        deserved=project.deserved_gpus,
+        runai_in_use=max(0.0, project.allocated_non_preemptible - freed_since),
+        pods_in_use=gpus_in_use(snapshot, namespace, now, exclude=exclude),
+    )
 
 
 def format_gpus(value: float) -> str:
@@ -62,7 +118,7 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             code=403,
             reason=NOT_BOUND,
         )
-    if target.kind not in QUOTA_CHECKED_KINDS:
+    if not quota_checked(target.kind):
         return Decision.allow()  # jobs are preemptible: Run:ai runs them on idle GPUs over quota
     try:
         gpus = pod_gpu_request(target.pod)
@@ -76,7 +132,7 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         gpus,
         now,
         exclude=request_key(request),
-        asks=f"this {target.kind} asks for {format_gpus(gpus)}. Stop another GPU {target.kind} or ask an "
+        asks=f"this {target.kind or 'pod'} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
         "administrator for more Run:ai quota",
     )
 
@@ -87,15 +143,15 @@ def check_quota(
     """R3 for a bound project: allow `gpus` more GPUs when the project has that many of its
     deserved GPUs left. A refusal says "N of M deserved GPUs left; " and then `asks` (what the
     request asks for and what the user can do)."""
-    if snapshot.runai_projects is None or namespace not in snapshot.runai_projects:
+    quota = gpus_left(snapshot, namespace, now, exclude=exclude)
+    if quota is None:
         # Bound but the Run:ai view is missing: Run:ai enforces the quota when it schedules.
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
-    deserved = snapshot.runai_projects[namespace].deserved_gpus
-    left = deserved - gpus_in_use(snapshot, namespace, now, exclude=exclude)
+    left = quota.left
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs left; "
-            + asks,
+            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
+            "left; " + asks,
             code=403,
             reason=OVER_QUOTA,
         )

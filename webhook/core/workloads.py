@@ -17,7 +17,7 @@ from webhook.core.decision import Decision
 from webhook.core.kinds import classify_workload, pod_gpu_request
 from webhook.core.scheduling import request_namespace
 from webhook.core.validation import EPSILON, check_quota, format_gpus
-from webhook.settings import QUOTA_CHECKED_KINDS, WorkloadKindRules
+from webhook.settings import WorkloadKindRules, quota_checked
 from webhook.snapshot import ClusterSnapshot
 
 # (API group, kind) of the pod owners this check reads; the value is the plural the scale
@@ -48,7 +48,7 @@ class Demand:
 
     @property
     def total(self) -> float:
-        return self.replicas * self.gpus_per_pod if self.kind in QUOTA_CHECKED_KINDS else 0.0
+        return self.replicas * self.gpus_per_pod if quota_checked(self.kind) else 0.0
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -88,8 +88,10 @@ def demand(obj: Mapping[str, Any], kind: str, rules: WorkloadKindRules, replicas
     """Raises ValueError on a malformed GPU request in the template."""
     template = pod_template(obj, kind)
     labels = _map(_map(template.get("metadata")).get("labels"))
+    # The Job controller will own these pods (a CronJob's through its Jobs).
+    controller = ("batch", "Job") if kind in ("Job", "CronJob") else None
     return Demand(
-        kind=classify_workload(labels, rules),
+        kind=classify_workload(labels, rules, controller),
         replicas=concurrent_pods(obj, kind) if replicas is None else replicas,
         gpus_per_pod=pod_gpu_request(template),
     )
@@ -201,7 +203,7 @@ def validate_workload(
         ns,
         increase,
         now,
-        asks=f"{target.kind} {target.name} ({new.kind}) asks for {format_gpus(increase)}{more} "
+        asks=f"{target.kind} {target.name} ({new.kind or 'pods of no known kind'}) asks for {format_gpus(increase)}{more} "
         f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
         "workload or ask an administrator for more Run:ai quota",
     )

@@ -29,7 +29,7 @@ from webhook.core.kinds import pod_gpu_request
 from webhook.core.scheduling import pod_target
 from webhook.core.validation import request_key, validate_pod
 from webhook.kubeapi import KubeApi, KubeConflict, KubeError
-from webhook.settings import QUOTA_CHECKED_KINDS
+from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, GpuReservation
 from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming
 from webhook.state.store import ClusterState
@@ -89,7 +89,7 @@ def reservation_need(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> t
     target = pod_target(request, snapshot)
     if target is None or not snapshot.settings.run_ai_enable or target.namespace.runai_queue is None:
         return None
-    if target.kind not in QUOTA_CHECKED_KINDS:
+    if not quota_checked(target.kind):
         return None
     if snapshot.runai_projects is None or target.namespace.name not in snapshot.runai_projects:
         return None

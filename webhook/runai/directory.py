@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from webhook.core.gpu_view import runai_project_info
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.snapshot import RunaiProjectInfo
@@ -124,8 +125,11 @@ class RunaiDirectory:
         try:
             cluster = await client.get_cluster(self.cluster_name, call_path="background")
             departments = await client.list_departments(cluster_id=cluster.uuid, call_path="background")
-            projects = await client.list_projects(cluster_id=cluster.uuid, call_path="background")
             pool = await client.default_node_pool(cluster.uuid, call_path="background")
+            # Projects last, and the time taken after their answer: a pod the cache sees leave
+            # after it may still be in Run:ai's allocation (`validation.gpus_left` corrects that).
+            projects = await client.list_projects(cluster_id=cluster.uuid, call_path="background")
+            sampled_at = time.time()
         except RunaiError as exc:
             if self.reachable is not False:
                 log.warning("Run:ai directory refresh failed: %s", exc)
@@ -137,7 +141,7 @@ class RunaiDirectory:
             return False
         if not self.state.settings.run_ai_enable:
             return False  # turned off while we were asking: do not publish
-        self.view = DirectoryView(cluster, tuple(departments), tuple(projects), pool, time.time())
+        self.view = DirectoryView(cluster, tuple(departments), tuple(projects), pool, sampled_at)
         self.reachable = True
         self.last_error = None
         self.state.snapshot().runai_projects = self._by_namespace(self.view)
@@ -167,14 +171,10 @@ class RunaiDirectory:
 
     @staticmethod
     def info(project: Project, namespace: str, view: DirectoryView | None) -> RunaiProjectInfo:
-        """The snapshot record of `project`: its deserved GPUs on the default node pool."""
-        pool = view.default_node_pool if view is not None else None
-        if pool is not None:
-            quota = project.quota_on(pool.name)
-            deserved = quota.deserved if quota is not None else 0.0
-        else:  # no pool marked default: the project's total is the best we have
-            deserved = project.gpu_quota
-        return RunaiProjectInfo(id=project.id, name=project.name, namespace=namespace, deserved_gpus=deserved)
+        """The snapshot record of `project`: deserved GPUs and Run:ai's non-preemptible allocation
+        on the project's default node pool (the rule the GPU view uses too)."""
+        pools = (view.default_node_pool,) if view is not None and view.default_node_pool is not None else ()
+        return runai_project_info(project, namespace, pools, view.refreshed_at if view is not None else 0.0)
 
     def note_project(self, namespace: str, project: Project) -> None:
         """A binder just bound `namespace` to `project`: publish it before the next refresh."""

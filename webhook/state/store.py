@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.core.kinds import classify_workload, controller_owner, pod_gpu_request
 from webhook.metrics import SETTINGS_REJECTED
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
-from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PodRecord, PriorityClassInfo
+from webhook.snapshot import ClusterSnapshot, FreedPod, NamespaceInfo, PodRecord, PriorityClassInfo
 
 log = logging.getLogger(__name__)
+
+# How long a deleted or finished GPU pod is remembered. It must outlast a GPU reservation (its TTL,
+# `webhook.quota.reservations.DEFAULT_TTL_S`), so that a reservation for a pod already gone never
+# counts again, and the Run:ai directory's refresh interval, so that Run:ai's allocation sampled
+# before the pod left can be corrected by it.
+FREED_RETENTION_S = 300.0
 
 Listener = Callable[[str, str, Mapping[str, Any]], None]
 
@@ -25,18 +32,26 @@ Listener = Callable[[str, str, Mapping[str, Any]], None]
 class ClusterState:
     """Mutable caches plus the snapshot view over them."""
 
-    def __init__(self, install_namespace: str = "hopsworks", settings: ClusterSettings | None = None) -> None:
+    def __init__(
+        self,
+        install_namespace: str = "hopsworks",
+        settings: ClusterSettings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.install_namespace = install_namespace
+        self.clock = clock
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.priority_classes: dict[str, PriorityClassInfo] = {}
         self.local_queues: dict[str, frozenset[str]] = {}
         self.pods: dict[str, dict[str, PodRecord]] = {}
+        self.freed_pods: dict[str, dict[str, FreedPod]] = {}
         self._snapshot = ClusterSnapshot(
             settings=settings or ClusterSettings(),
             namespaces=self.namespaces,
             priority_classes=self.priority_classes,
             local_queues=self.local_queues,
             pods=self.pods,
+            freed_pods=self.freed_pods,
         )
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
         self.synced: dict[str, bool] = {}
@@ -73,7 +88,11 @@ class ClusterState:
             self.local_queues[ns] = self.local_queues.get(ns, frozenset()) | {name}
         elif kind == "Pod":
             record = pod_record(obj, self._snapshot.settings)
-            self.pods.setdefault(record.namespace, {})[record.uid] = record
+            pods = self.pods.setdefault(record.namespace, {})
+            previous = pods.get(record.uid)
+            pods[record.uid] = record
+            if record.finished and previous is not None and not previous.finished:
+                self._freed(previous)
         else:
             return
         self._notify("apply", kind, obj)
@@ -85,6 +104,7 @@ class ClusterState:
         if kind == "Namespace":
             self.namespaces.pop(name, None)
             self.pods.pop(name, None)
+            self.freed_pods.pop(name, None)
             self.local_queues.pop(name, None)
         elif kind == "PriorityClass":
             self.priority_classes.pop(name, None)
@@ -102,10 +122,13 @@ class ClusterState:
             ns = meta.get("namespace", "")
             uid = meta.get("uid") or f"{ns}/{name}"
             pods = self.pods.get(ns)
-            if pods is not None:
-                pods.pop(uid, None)
-                if not pods:
-                    self.pods.pop(ns, None)
+            record = pods.pop(uid, None) if pods is not None else None
+            if pods is not None and not pods:
+                self.pods.pop(ns, None)
+            if record is None:  # never seen (e.g. deleted during a re-list): its reservation ends here too
+                record = pod_record(obj, self._snapshot.settings)
+            if not record.finished:  # a finished pod's GPUs were freed when it finished
+                self._freed(record)
         else:
             return
         self._notify("delete", kind, obj)
@@ -119,13 +142,32 @@ class ClusterState:
         elif kind == "LocalQueue":
             self.local_queues.clear()
         elif kind == "Pod":
+            before = [record for pods in self.pods.values() for record in pods.values()]
             self.pods.clear()
+            for obj in objects:
+                self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
+            for record in before:  # deleted while the watch was down
+                if not record.finished and record.uid not in self.pods.get(record.namespace, {}):
+                    self._freed(record)
+            return
         elif kind == "ConfigMap" and not any(
             (o.get("metadata") or {}).get("name") == SETTINGS_CONFIGMAP for o in objects
         ):
             self._apply_settings({})
         for obj in objects:
             self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
+
+    def _freed(self, record: PodRecord) -> None:
+        """Remember that a GPU pod left, so its reservation stops counting now rather than at its TTL."""
+        if not record.gpus:
+            return
+        now = self.clock()
+        freed = self.freed_pods.setdefault(record.namespace, {})
+        for uid in [uid for uid, f in freed.items() if f.at < now - FREED_RETENTION_S]:
+            del freed[uid]
+        freed[record.uid] = FreedPod(
+            uid=record.uid, gpus=record.gpus, kind=record.kind, scheduled=record.scheduled, at=now
+        )
 
     def _is_settings(self, meta: Mapping[str, Any]) -> bool:
         """The settings ConfigMap in the install namespace (a folder's object may omit the namespace)."""
@@ -162,7 +204,8 @@ class ClusterState:
         for pods in self.pods.values():
             for uid, record in pods.items():
                 if record.gpus:
-                    pods[uid] = dataclasses.replace(record, kind=classify_workload(record.labels, rules))
+                    kind = classify_workload(record.labels, rules, record.controller)
+                    pods[uid] = dataclasses.replace(record, kind=kind)
 
     def _notify(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         for listener in self.listeners:
@@ -175,14 +218,18 @@ def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
     name = meta.get("name") or meta.get("generateName") or ""
     labels = meta.get("labels") or {}
     gpus = _gpus_or_zero(obj)
+    controller = controller_owner(meta)
+    phase = (obj.get("status") or {}).get("phase") or "Pending"
     return PodRecord(
         namespace=ns,
         name=name,
         uid=meta.get("uid") or f"{ns}/{name}",
-        phase=(obj.get("status") or {}).get("phase") or "Pending",
-        kind=classify_workload(labels, settings.scheduler.workload_kinds),
+        phase=phase,
+        kind=classify_workload(labels, settings.scheduler.workload_kinds, controller),
         gpus=gpus,
         labels=labels if gpus else _NO_LABELS,
+        controller=controller if gpus else None,
+        scheduled=bool((obj.get("spec") or {}).get("nodeName")) or phase == "Running",
     )
 
 
