@@ -111,8 +111,9 @@ async def quota_known(*replicas: Replica) -> None:
     for replica in replicas:
         await replica.refresh_runai()
         await wait_until(
-            lambda r=replica: "vision" in (r.runtime.state.snapshot().runai_projects or {})
-            and "vision" in r.runtime.state.namespaces,
+            lambda r=replica: (
+                "vision" in (r.runtime.state.snapshot().runai_projects or {}) and "vision" in r.runtime.state.namespaces
+            ),
             within=10,
             what="the Run:ai project and the namespace in the caches",
         )

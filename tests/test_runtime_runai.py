@@ -15,7 +15,7 @@ import pytest
 from tests.support.cluster import namespace, priority_class, settings_configmap
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
+from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
 
@@ -97,8 +97,8 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
             refused = await admit("/validate/pods", second)
             assert refused["allowed"] is False
             assert "0 of 1 deserved GPUs left" in refused["status"]["message"]
-            # Jobs are never checked.
-            job = pod_review("vision", labels={"job-name": "train"}, gpus=4, uid="job-1")
+            # Jobs (pods of a batch Job) are never checked.
+            job = pod_review("vision", labels={"job-name": "train"}, gpus=4, uid="job-1", owners=owned_by("Job"))
             assert (await admit("/validate/pods", job))["allowed"] is True
 
             # The GPU view, as a project member sees it; no token is 401.

@@ -203,7 +203,8 @@ def validate_workload(
         ns,
         increase,
         now,
-        asks=f"{target.kind} {target.name} ({new.kind or 'pods of no known kind'}) asks for {format_gpus(increase)}{more} "
+        asks=f"{target.kind} {target.name} ({new.kind or 'pods of no known kind'}) asks for "
+        f"{format_gpus(increase)}{more} "
         f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
         "workload or ask an administrator for more Run:ai quota",
     )
