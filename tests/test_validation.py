@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +12,10 @@ import pytest
 from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
 from tests.support.reviews import assert_decision, owned_by, pod_review
 from webhook.core.kinds import parse_quantity
-from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, validate_pod
+from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, gpus_left, validate_pod
+from webhook.quota.reservations import DEFAULT_TTL_S
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
+from webhook.state.store import FREED_RETENTION_S, ClusterState
 
 NOW = 1_000_000.0
 BOUND = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": "7"})
@@ -281,3 +284,81 @@ def test_a_refused_settings_configmap_keeps_the_last_good_settings_and_says_so()
     state.apply(settings_configmap(run_ai_enable=False))
     assert state.snapshot().settings_error is None
     assert REGISTRY.get_sample_value("webhook_settings_rejected") == 0
+
+
+# -- GPUs left: freed pods, reservations and Run:ai's count (R3) -------------------------------------
+
+
+def _left_state(*pods: dict[str, Any], allocated: float = 0.0, sampled_at: float = NOW - 10) -> ClusterState:
+    state = cluster_state(namespaces=[BOUND], extra=pods, run_ai_enable=True)
+    state.clock = lambda: NOW - 5  # the cache learns what happens next after Run:ai's sample
+    state.snapshot().runai_projects = {
+        "vision": RunaiProjectInfo(
+            id="7",
+            name="vision",
+            namespace="vision",
+            deserved_gpus=2,
+            node_pool="default",
+            allocated_non_preemptible=allocated,
+            sampled_at=sampled_at,
+        )
+    }
+    return state
+
+
+def _reserve(state: ClusterState, *keys: str) -> None:
+    state.snapshot().gpu_reservations = {
+        "vision": {k: GpuReservation(k, "vision", 1, expires_at=NOW + 100) for k in keys}
+    }
+
+
+def _on_node(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["nodeName"] = "gpu-1"
+    return pod
+
+
+def test_a_deleted_pods_reservation_stops_counting_at_once_an_unseen_ones_still_counts() -> None:
+    state = _left_state(running_pod("a", 1))
+    _reserve(state, "uid-a", "uid-unseen")  # a's pod is cached; the other one not yet
+    assert gpus_left(state.snapshot(), "vision", NOW).pods_in_use == 2
+    state.delete(running_pod("a", 1))
+    left = gpus_left(state.snapshot(), "vision", NOW)
+    assert left.pods_in_use == 1 and left.left == 1  # the unseen pod's reservation still holds its GPU
+
+
+def test_a_finished_pods_reservation_does_not_count() -> None:
+    state = _left_state(running_pod("a", 1))
+    _reserve(state, "uid-a")
+    state.apply(running_pod("a", 1, phase="Succeeded"))
+    state.delete(running_pod("a", 1, phase="Succeeded"))  # the pod cache loses it: still freed
+    assert gpus_left(state.snapshot(), "vision", NOW).pods_in_use == 0
+
+
+def test_a_pod_deleted_while_the_watch_was_down_is_freed_by_the_relist() -> None:
+    state = _left_state(running_pod("a", 1), running_pod("b", 1))
+    _reserve(state, "uid-a")
+    state.replace_all("Pod", [running_pod("b", 1)])
+    assert gpus_left(state.snapshot(), "vision", NOW).pods_in_use == 1
+
+
+def test_runai_count_sampled_before_a_scheduled_pod_left_is_lowered_by_it() -> None:
+    state = _left_state(_on_node(running_pod("a", 1)), running_pod("w", 1, phase="Pending"), allocated=1)
+    state.delete(running_pod("w", 1, phase="Pending"))  # never on a node: Run:ai never counted it
+    assert gpus_left(state.snapshot(), "vision", NOW).runai_in_use == 1
+    state.delete(_on_node(running_pod("a", 1)))
+    assert gpus_left(state.snapshot(), "vision", NOW).runai_in_use == 0
+    # A later sample already reflects it: nothing more is taken off.
+    project = state.snapshot().runai_projects["vision"]
+    later = dataclasses.replace(project, allocated_non_preemptible=1, sampled_at=NOW)
+    assert gpus_left(state.snapshot(), "vision", NOW, project=later).runai_in_use == 1
+
+
+def test_gpus_left_is_the_larger_of_runai_and_the_pods_not_their_sum() -> None:
+    state = _left_state(running_pod("a", 1), allocated=1)
+    left = gpus_left(state.snapshot(), "vision", NOW)
+    assert (left.runai_in_use, left.pods_in_use, left.in_use, left.left) == (1, 1, 1, 1)
+    assert gpus_left(_left_state(allocated=2).snapshot(), "vision", NOW).left == 0
+
+
+def test_freed_pods_are_remembered_longer_than_a_reservation_lives() -> None:
+    assert FREED_RETENTION_S > DEFAULT_TTL_S
