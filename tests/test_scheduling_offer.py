@@ -19,7 +19,7 @@ import pytest
 from tests.support.cluster import SCHEDULER, cluster_state, local_queue, namespace
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
+from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
 from webhook.app import create_app
 from webhook.auth import KubeAuthorizer
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
@@ -157,7 +157,8 @@ GPU_CASES = [
     ("no-quota-notebook", True, 0, "notebook", False),
     ("quota-notebook", True, 2, "notebook", True),
     ("no-quota-job", True, 0, "job", True),
-    ("no-quota-unrecognised-pod", True, 0, None, True),
+    ("no-quota-unrecognised-pod", True, 0, None, False),
+    ("quota-unrecognised-pod", True, 2, None, True),
     ("not-bound-notebook", False, 2, "notebook", False),
     ("not-bound-job", False, 2, "job", False),
     ("project-missing-in-runai", True, None, "notebook", True),
@@ -180,9 +181,10 @@ def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
     offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind)
     assert offer.allowed is allowed, offer
     labels = {"hopsworks.ai/workload-type": kind} if kind else {}
-    decision = validate_pod(pod_review("gpu", labels=labels, gpus=1)["request"], snap, 0)
+    owners = owned_by("Job") if kind in ("job", "system-job") else None  # what makes a job
+    decision = validate_pod(pod_review("gpu", labels=labels, gpus=1, owners=owners)["request"], snap, 0)
     assert decision.allowed is allowed, decision.message
-    assert offer.quota_checked is (bound and deserved is not None and kind == "notebook")
+    assert offer.quota_checked is (bound and deserved is not None and kind in ("notebook", None))
 
 
 def test_gpus_with_runai_off_are_kubernetes_to_schedule() -> None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from webhook.core.gpu_view import NOT_BOUND, GpuAvailability
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
-from webhook.settings import QUOTA_CHECKED_KINDS, WORKLOAD_KINDS
+from webhook.settings import WORKLOAD_KINDS, quota_checked
 from webhook.snapshot import ClusterSnapshot
 
 
@@ -79,9 +79,10 @@ class SchedulingOfferView(BaseModel):
 def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
     """Whether a workload of `kind` may ask for GPUs, from the GPU view, as admission decides it:
     Run:ai off, GPUs are Kubernetes' to schedule; on, nothing starts in a project not bound yet,
-    and a kind Run:ai does not preempt (notebook, terminal, app, deployment) gets GPUs only in a
-    project with deserved GPUs. Jobs, and pods no kind rule recognises, are not held to the quota;
-    nor is anything while Run:ai's view of the project is missing (Run:ai enforces it then)."""
+    and a kind Run:ai does not preempt (notebook, terminal, app, deployment, and a pod no kind rule
+    recognises: `kind` None) gets GPUs only in a project with deserved GPUs. Jobs are not held to
+    the quota; nor is anything while Run:ai's view of the project is missing (Run:ai enforces it
+    then)."""
     project = view.project
     common = {
         "deserved": project.quota if project is not None else None,
@@ -96,9 +97,8 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
         return answer(True, False, "Run:ai is off: Kubernetes schedules GPUs")
     if view.status == NOT_BOUND:
         return answer(False, False, "the project is not bound to Run:ai yet: its workloads start once it is")
-    if kind not in QUOTA_CHECKED_KINDS:
-        what = f"{kind}s are" if kind else "a workload of no known kind is"
-        return answer(True, False, f"{what} preemptible: not held to the deserved GPUs")
+    if not quota_checked(kind):
+        return answer(True, False, f"{kind}s are preemptible: not held to the deserved GPUs")
     if project is None:
         return answer(True, False, "Run:ai's view of the project is missing: the quota is not checked here")
     if not project.quota > 0:
