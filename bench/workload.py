@@ -43,7 +43,7 @@ def _settings_doc(**flat: str) -> dict[str, Any]:
 def kueue_state(out: Path) -> Path:
     """examples/cluster with Kueue on and a LocalQueue in the project that (b) targets."""
     shutil.copytree(EXAMPLES, out)
-    (out / "20-settings.yaml").write_text(yaml.safe_dump(_settings_doc(kueue_installed="true")))
+    (out / "20-settings.yaml").write_text(yaml.safe_dump(_settings_doc(kueue_installed="true", run_ai_enable="false")))
     queue = {
         "apiVersion": "kueue.x-k8s.io/v1beta1",
         "kind": "LocalQueue",

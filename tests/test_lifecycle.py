@@ -287,8 +287,8 @@ async def test_settings_edited_in_the_state_folder_apply_without_restart(server:
             assert_valid_pod(patched)
             return (patched["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
 
-        assert await queue_label("before") is None  # examples/cluster: Kueue off
-        edit_settings(server.state, kueue_installed="true")
+        assert await queue_label("before") is None  # examples/cluster: Kueue off (Run:ai on)
+        edit_settings(server.state, kueue_installed="true", run_ai_enable="false")
         deadline = time.monotonic() + 10
         i = 0
         while (label := await queue_label(f"after-{i}")) is None and time.monotonic() < deadline:
@@ -374,6 +374,7 @@ async def test_readme_flow_certs_then_serve_then_curl(tmp_path: Path) -> None:
         "affinity": "topology.kubernetes.io/zone=eu-1a",
         "anti-affinity": "maintenance=true",
         "priority-class": "normal",
+        "runai-queue": "churn",  # examples/cluster: Run:ai on, churn bound
     }
     patched = apply_patch(review["request"]["object"], patch_of(answer))
     assert_valid_pod(patched)

@@ -65,7 +65,7 @@ def load_into(state: ClusterState, folder: Path) -> None:
         state.synced[kind] = True
 
 
-def _fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
+def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
     entries = []
     for path in folder.rglob("*"):
         if path.suffix in SUFFIXES:
@@ -87,7 +87,7 @@ class FolderSource:
         self.last_error: str | None = None
 
     def load(self) -> None:
-        self._seen = _fingerprint(self.folder)
+        self._seen = fingerprint(self.folder)
         load_into(self.state, self.folder)
 
     async def start(self) -> None:
@@ -100,7 +100,7 @@ class FolderSource:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            seen = _fingerprint(self.folder)
+            seen = fingerprint(self.folder)
             if seen == self._seen:
                 continue
             self._seen = seen
