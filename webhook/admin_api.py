@@ -115,16 +115,54 @@ async def _authorize(request: web.Request, authorize: Authorize) -> str | web.Re
         raise
 
 
-def _move_error(exc: MoveError) -> web.Response:
-    extra: dict[str, Any] = {}
+def _move_error(exc: MoveError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": exc.message, "code": exc.code}
     if exc.namespace:
-        extra["namespace"] = exc.namespace
+        body["namespace"] = exc.namespace
     if isinstance(exc, ProjectBusy):
-        extra["pods"] = exc.pods
+        body["pods"] = exc.pods
     if exc.result is not None:
-        extra["result"] = exc.result.to_json()
-        extra["reminder"] = exc.result.reminder
-    return _error(exc.status, exc.code, exc.message, **extra)
+        body["result"] = exc.result.to_json()
+        body["reminder"] = exc.result.reminder
+    return body
+
+
+Answer = tuple[int, dict[str, Any]]  # HTTP status and JSON body, as the admin API sends them
+
+
+async def _answer(work: Callable[[], Awaitable[Answer]]) -> Answer:
+    try:
+        return await work()
+    except MoveError as exc:
+        return exc.status, _move_error(exc)
+    except (RunaiError, KubeError) as exc:
+        # Wrapped by the mover wherever it matters; anything left is still a dependency failing.
+        return 503, {"error": str(exc), "code": "Unavailable"}
+
+
+async def move_project_answer(mover: Mover, namespace: str, department: str | None, who: str) -> Answer:
+    """What `POST /api/v1/admin/projects/{namespace}/move` answers, for a caller already authorized
+    as an admin (the console asks the same)."""
+
+    async def move() -> Answer:
+        log.info("admin %s moves %s to department %s", who, namespace, department)
+        result: MoveResult = await _run_to_completion(
+            mover.move_project(namespace, department or None, requested_by=who)
+        )
+        return 200, result.to_json()
+
+    return await _answer(move)
+
+
+async def delete_department_answer(mover: Mover, name: str, who: str) -> Answer:
+    """What `DELETE /api/v1/admin/departments/{name}` answers, for a caller already authorized."""
+
+    async def delete() -> Answer:
+        log.info("admin %s deletes department %s", who, name)
+        result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
+        return result.status, result.to_json()
+
+    return await _answer(delete)
 
 
 async def _run_to_completion(work: Awaitable[Any]) -> Any:
@@ -141,13 +179,7 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
         who = await _authorize(request, authorize)
         if isinstance(who, web.Response):
             return who
-        try:
-            return await action(who)
-        except MoveError as exc:
-            return _move_error(exc)
-        except (RunaiError, KubeError) as exc:
-            # Wrapped by the mover wherever it matters; anything left is still a dependency failing.
-            return _error(503, "Unavailable", str(exc))
+        return await action(who)
 
     async def move(request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
@@ -162,11 +194,8 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
             department = body["department"]
             if department is not None and not isinstance(department, str):
                 return _error(400, "InvalidDepartment", "department must be a string (or null for the default)")
-            log.info("admin %s moves %s to department %s", who, namespace, department)
-            result: MoveResult = await _run_to_completion(
-                mover.move_project(namespace, department or None, requested_by=who)
-            )
-            return web.json_response(result.to_json())
+            status, answer = await move_project_answer(mover, namespace, department, who)
+            return web.json_response(answer, status=status)
 
         return await guarded(request, act)
 
@@ -174,9 +203,8 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
         name = request.match_info["name"]
 
         async def act(who: str) -> web.Response:
-            log.info("admin %s deletes department %s", who, name)
-            result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
-            return web.json_response(result.to_json(), status=result.status)
+            status, answer = await delete_department_answer(mover, name, who)
+            return web.json_response(answer, status=status)
 
         return await guarded(request, act)
 
