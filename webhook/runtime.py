@@ -104,6 +104,10 @@ class Runtime:
         self._stoppers.append(certs)
         handlers = default_handlers(self.state, self.options.guard_config())
         routes: list[web.RouteDef] = []
+        if self.options.state_dir is not None:
+            from webhook.local_mode import folder_mode_routes
+
+            routes = folder_mode_routes(self.state, self.options.state_dir, self.options.host)
         if self.api_client is not None:
             extra_handlers, routes = await self._start_cluster_parts(self.api_client)
             handlers.update(extra_handlers)
@@ -149,6 +153,7 @@ class Runtime:
     ) -> tuple[dict[str, AdmissionHandler], list[web.RouteDef]]:
         from webhook.admin_api import admin_routes, authorize_with
         from webhook.auth import AccessCheck, KubeAuthorizer
+        from webhook.console import Console, console_routes
         from webhook.gpu_api import DirectoryAdapter, GpuViews
         from webhook.kubeapi import KubeApi
         from webhook.quota import GpuReservations
@@ -201,6 +206,7 @@ class Runtime:
             *views.routes(gpu_auth),
             *scheduling_routes(views, gpu_auth),
             *admin_routes(mover, authorize_with(admin_auth)),
+            *console_routes(Console(views, gpu_auth, sign_in=gpu_auth.authenticate, actor=admin_auth, mover=mover)),
         ]
         return handlers, routes
 

@@ -1,0 +1,220 @@
+"""The console's sign-in, session cookie and cross-site protection, over real HTTPS.
+
+Tokens are checked by TokenReview and SubjectAccessReview on the Kubernetes emulator; moves run
+the real DepartmentMover against the Run:ai stand-in (as in test_admin_api). The browser tests
+(test_console_browser.py) drive the same pages through Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from tests.support.cluster import namespace, settings_configmap
+from tests.support.https import HttpsServer, StartHttpsServer
+from tests.support.openapi_check import validate_response
+from tests.test_departments import Env, environment
+from webhook.app import create_app
+from webhook.auth import AccessCheck, KubeAuthorizer
+from webhook.console import Console, console_routes
+from webhook.console.session import COOKIE, Sessions
+from webhook.gpu_api import GpuViews
+from webhook.runai.client import RunaiError
+from webhook.snapshot import DEPARTMENT_LABEL
+from webhook.state.folder import read_objects
+from webhook.state.runai_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
+
+ROOT_TOKEN, BOB_TOKEN = "token-of-root", "token-of-bob"
+EVIL = "x=<script>alert('pwned')</script>"
+
+
+@dataclass
+class Served:
+    env: Env
+    srv: HttpsServer
+
+    def url(self, path: str) -> str:
+        return self.srv.url(path)
+
+    async def sign_in(self, token: str = ROOT_TOKEN, next_page: str = "/ui/") -> aiohttp.ClientResponse:
+        async with self.srv.session.post(
+            self.url("/ui/signin"), data={"token": token, "next": next_page}, allow_redirects=False
+        ) as resp:
+            await resp.read()
+            return resp
+
+    async def csrf(self) -> str:
+        async with self.srv.session.get(self.url("/ui/")) as resp:
+            found = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+        assert found, "no CSRF field on the page"
+        return found.group(1)
+
+
+@pytest.fixture
+async def served(tmp_path: Path, https_server: StartHttpsServer) -> AsyncIterator[Served]:
+    async with environment(tmp_path) as env:
+        env.project_ns("p1", runai_department="default")
+        env.state.apply(env.kube.get_object("Namespace", "p1") or {})
+        env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
+        env.kube.allow("group:system:masters")
+        env.kube.add_user(BOB_TOKEN, "bob", groups=["system:authenticated"])
+        env.kube.allow("bob", "get", "pods", "p1")
+        reader = KubeAuthorizer(env.kapi)
+        console = Console(
+            GpuViews(env.state, None),
+            reader,
+            sign_in=reader.authenticate,
+            actor=KubeAuthorizer(env.kapi, admin_check=AccessCheck("update", "namespaces")),
+            mover=env.mover(runai_departments=lambda: {"default", "ml", "research"}),
+        )
+        srv = await https_server(create_app(env.state, routes=console_routes(console)))
+        yield Served(env, srv)
+
+
+async def test_sign_in_keeps_the_token_only_in_an_encrypted_session_cookie(served: Served) -> None:
+    resp = await served.sign_in(next_page="/ui/projects/p1")
+    assert resp.status == 303 and resp.headers["Location"] == "/ui/projects/p1"
+    cookie = resp.headers["Set-Cookie"]
+    assert cookie.startswith(f"{COOKIE}=")
+    for flag in ("HttpOnly", "Secure", "SameSite=Strict", "Path=/ui/"):
+        assert flag in cookie, cookie
+    assert "expires" not in cookie.lower() and "max-age" not in cookie.lower()  # gone with the browser session
+    assert ROOT_TOKEN not in cookie
+    async with served.srv.session.get(served.url("/ui/projects/p1")) as page:
+        assert page.status == 200 and "Project <span" in await page.text()
+        assert "default-src 'none'" in page.headers["Content-Security-Policy"]
+        assert page.headers["Cache-Control"] == "private, no-store"
+
+
+async def test_a_bad_token_is_not_signed_in(served: Served) -> None:
+    resp = await served.sign_in("stolen")
+    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    resp = await served.sign_in("x" * 5000)
+    assert resp.status == 400 and "Set-Cookie" not in resp.headers
+    assert served.env.kube.calls("POST", "/apis/authentication.k8s.io/v1/tokenreviews")  # asked once, for "stolen"
+
+
+@pytest.mark.parametrize("target", ["//evil.example/ui/", "https://evil.example/", "/ui/..\\evil", "/elsewhere"])
+async def test_after_sign_in_the_browser_only_goes_back_into_the_console(served: Served, target: str) -> None:
+    resp = await served.sign_in(next_page=target)
+    assert resp.status == 303 and resp.headers["Location"] == "/ui/"
+
+
+async def test_a_page_without_a_session_asks_to_sign_in(served: Served) -> None:
+    async with served.srv.session.get(served.url("/ui/projects/p1?kind=job"), allow_redirects=False) as resp:
+        assert resp.status == 303 and resp.headers["Location"] == "/ui/signin?next=%2Fui%2Fprojects%2Fp1%3Fkind%3Djob"
+    # A cookie sealed with another process's key (another replica, a restart) is no session.
+    response = web.Response()
+    Sessions().issue(response, ROOT_TOKEN)
+    value = response.cookies[COOKIE].value
+    async with served.srv.session.get(
+        served.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={value}"}, allow_redirects=False
+    ) as resp:
+        assert resp.status == 303 and resp.headers["Location"].startswith("/ui/signin")
+
+
+async def test_actions_need_the_forms_secret_and_the_same_site(served: Served) -> None:
+    await served.sign_in()
+    move = served.url("/ui/admin/projects/p1/move")
+    async with served.srv.session.post(move, data={"department": "ml"}) as resp:
+        assert resp.status == 403 and "did not come from this console" in await resp.text()
+    csrf = await served.csrf()
+    async with served.srv.session.post(
+        move, data={"department": "ml", "csrf": csrf}, headers={"Origin": "https://evil.example"}
+    ) as resp:
+        assert resp.status == 403 and "another site" in await resp.text()
+    async with served.srv.session.post(
+        move, data={"department": "ml", "csrf": csrf}, headers={"Sec-Fetch-Site": "cross-site"}
+    ) as resp:
+        assert resp.status == 403
+    assert served.env.runai.requests == [] and DEPARTMENT_LABEL not in served.env.labels("p1")
+    async with served.srv.session.post(
+        move, data={"department": "ml", "csrf": csrf}, headers={"Origin": served.url("").rstrip("/")}
+    ) as resp:
+        body = await resp.text()
+        assert resp.status == 200, body
+        assert "p1 moved" in body and "Re-add GPU quota and access rules" in body
+    assert served.env.labels("p1")[DEPARTMENT_LABEL] == "ml"
+
+
+async def test_a_member_may_not_act(served: Served) -> None:
+    await served.sign_in(BOB_TOKEN)
+    csrf = await served.csrf()
+    async with served.srv.session.post(served.url("/ui/admin/departments/ml/delete"), data={"csrf": csrf}) as resp:
+        assert resp.status == 403 and "bob" in await resp.text()
+    assert served.env.runai.requests == []
+
+
+async def test_every_value_is_escaped(served: Served) -> None:
+    scheduler = {"available": {"affinity": [EVIL], "priorityClasses": ["low"]}, "defaults": {"affinity": [EVIL]}}
+    served.env.state.apply(settings_configmap(scheduler=scheduler))
+    served.env.state.apply(namespace("p2", labels={DEPARTMENT_LABEL: "ml"}))
+    await served.sign_in()
+    async with served.srv.session.get(served.url("/ui/projects/p2")) as resp:
+        page = await resp.text()
+    assert resp.status == 200
+    assert "<script>alert" not in page
+    assert "x=&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in page
+
+
+# ---- the folder mode's Run:ai snapshot ------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "cluster"
+
+
+def test_the_example_runai_snapshot_is_what_runai_answers() -> None:
+    """Each list in examples/cluster's RunaiSnapshot is a valid answer of the Run:ai API it names."""
+    doc = next(o for o in read_objects(EXAMPLES) if o.get("kind") == SNAPSHOT_KIND)
+    base = "https://runai.example"
+    for path, key in (
+        ("/api/v1/org-unit/departments", "departments"),
+        ("/api/v1/org-unit/projects", "projects"),
+        ("/api/v1/node-pools", "nodepools"),
+    ):
+        body = json.dumps({key: doc["nodePools" if key == "nodepools" else key]}).encode()
+        assert validate_response("GET", base + path, 200, {"Content-Type": "application/json"}, body) == [], path
+    assert (
+        validate_response(
+            "GET",
+            base + "/api/v1/clusters",
+            200,
+            {"Content-Type": "application/json"},
+            json.dumps([doc["cluster"]]).encode(),
+        )
+        == []
+    )
+    snapshot = parse_snapshot(doc)
+    assert {p.name for p in snapshot.projects} == {"churn", "fraud-detection", "forecasting", "imaging"}
+    assert snapshot.metrics["default"].unallocated == 10
+
+
+async def test_the_snapshot_is_read_again_when_the_folder_changes(tmp_path: Path) -> None:
+    folder = tmp_path / "state"
+    shutil.copytree(EXAMPLES, folder)
+    clock = [0.0]
+    directory = RunaiSnapshotDirectory(folder, clock=lambda: clock[0])
+    assert directory.reachable and len(directory.projects() or ()) == 4
+    snapshot_file = folder / "90-runai-snapshot.yaml"
+    doc = yaml.safe_load(snapshot_file.read_text())
+    doc["projects"] = doc["projects"][:1]
+    snapshot_file.write_text(yaml.safe_dump(doc))
+    assert len(directory.projects() or ()) == 4  # checked again only after a second
+    clock[0] = 2.0
+    assert len(directory.projects() or ()) == 1
+    snapshot_file.write_text("kind: RunaiSnapshot\ncluster: {}\n")  # broken: the last good one stays
+    clock[0] = 4.0
+    assert len(directory.projects() or ()) == 1 and "RunaiSnapshot" in (directory.last_error or "")
+    snapshot_file.unlink()
+    clock[0] = 6.0
+    assert not directory.reachable and directory.projects() is None  # no snapshot: no Run:ai data
+    with pytest.raises(RunaiError):
+        await directory.node_pool_metrics("default")

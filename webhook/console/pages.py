@@ -1,0 +1,380 @@
+"""The console's pages under /ui/: server-rendered HTML over the same answers the APIs give.
+
+Reads go through `GpuViews` (the GPU API's answers) and `project_offer` (the scheduling API's);
+admin actions through `move_project_answer` / `delete_department_answer` (the admin API's). Every
+page asks the same authorizer as its API: a project page is for whoever may read the project's GPU
+view, the admin pages for admins, the admin actions for those the admin API lets act.
+
+Cluster mode: the user signs in with a Kubernetes token (kept in an encrypted session cookie, see
+`session.py`); folder mode (`serve --state`, loopback only): no sign-in, and admin actions say
+they need a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import jinja2
+from aiohttp import web
+
+from webhook.admin_api import Mover, delete_department_answer, move_project_answer
+from webhook.auth import AuthError, Authorizer
+from webhook.console.session import Session, SessionError, Sessions, check_form
+from webhook.console.wording import advice
+from webhook.core.gpu_view import AdminProject, RunaiAdminView
+from webhook.core.guard import department_name_error
+from webhook.core.validation import format_gpus
+from webhook.gpu_api import NO_RUNAI_DATA, GpuViews
+from webhook.scheduling_api import NotAProject, project_offer
+
+log = logging.getLogger(__name__)
+
+_STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+# Everything the pages load comes from this server; nothing may frame them or post elsewhere.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    # Not no-referrer: Chromium then sends `Origin: null` with form posts, and the same-site check needs it.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "private, no-store",
+}
+
+
+class SignIn(Protocol):
+    """Checks a token by TokenReview (`webhook.auth.KubeAuthorizer.authenticate`)."""
+
+    def __call__(self, token: str | None) -> Awaitable[Any]: ...
+
+
+class ActionAuthorizer(Protocol):
+    """Who may move projects and delete departments (`KubeAuthorizer.authorize_admin` with the
+    admin API's check)."""
+
+    def authorize_admin(self, token: str | None) -> Awaitable[Any]: ...
+
+
+@dataclass
+class Console:
+    views: GpuViews
+    reader: Authorizer  # the GPU API's authorizer: project pages and admin pages
+    sign_in: SignIn | None = None  # None: folder mode, no sign-in
+    actor: ActionAuthorizer | None = None  # the admin API's authorizer
+    mover: Mover | None = None  # None: admin actions need cluster mode
+    sessions: Sessions = field(default_factory=Sessions)
+
+    @property
+    def open(self) -> bool:
+        return self.sign_in is None
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("webhook.console", "templates"),
+        autoescape=True,  # every value is escaped unless a template says otherwise (none does)
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["gpus"] = lambda v: "—" if v is None else format_gpus(float(v))
+    env.filters["advice"] = advice
+    env.filters["urlpart"] = lambda v: quote(str(v), safe="")
+    return env
+
+
+def _see_other(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+class _Stop(Exception):
+    """A page cannot be shown; `response` says why (a sign-in redirect, a 403 page...)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+
+
+def console_routes(console: Console) -> list[web.RouteDef]:
+    env = _environment()
+
+    def render(
+        request: web.Request, template: str, status: int = 200, session: Session | None = None, **context: Any
+    ) -> web.Response:
+        page = env.get_template(template).render(
+            open_mode=console.open,
+            signed_in=session is not None,
+            csrf=session.csrf if session else "",
+            path=request.path,
+            **context,
+        )
+        return web.Response(text=page, status=status, content_type="text/html", headers=_SECURITY_HEADERS)
+
+    def problem(request: web.Request, status: int, title: str, reason: str, session: Session | None) -> _Stop:
+        return _Stop(render(request, "problem.html", status, session, title=title, reason=reason, code=status))
+
+    def session_of(request: web.Request) -> Session | None:
+        """The signed-in session; in cluster mode without one, a redirect to the sign-in page."""
+        if console.open:
+            return None
+        session = console.sessions.read(request)
+        if session is None:
+            target = request.path_qs if request.method == "GET" else "/ui/"
+            raise _Stop(_see_other("/ui/signin?" + urlencode({"next": target})))
+        return session
+
+    async def authorized(
+        request: web.Request, session: Session | None, check: Callable[[str | None], Awaitable[Any]]
+    ) -> Any:
+        try:
+            return await check(session.token if session else None)
+        except AuthError as exc:
+            if exc.status == 401:
+                response = _see_other("/ui/signin?" + urlencode({"next": request.path, "expired": "1"}))
+                Sessions.clear(response)
+                raise _Stop(response) from None
+            title = "Not allowed" if exc.status == 403 else "Cannot check who you are"
+            raise problem(request, exc.status, title, exc.reason, session) from None
+
+    def page(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+        async def run(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except _Stop as stop:
+                return stop.response
+
+        return run
+
+    # -- pages -------------------------------------------------------------------------------------
+    async def index(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        wanted = request.query.get("project")
+        if wanted is not None:
+            raise _Stop(_see_other(f"/ui/projects/{quote(wanted.strip(), safe='')}"))
+        admin = True
+        try:
+            await console.reader.authorize_admin(session.token if session else None)
+        except AuthError as exc:
+            if exc.status != 403:
+                await authorized(request, session, console.reader.authorize_admin)  # sign-in or error page
+            admin = False
+        snapshot = console.views.state.snapshot()
+        projects = sorted(ns.name for ns in snapshot.namespaces.values() if ns.is_project) if admin else []
+        return render(request, "index.html", session=session, admin=admin, projects=projects)
+
+    async def project(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        namespace = request.match_info["namespace"]
+        await authorized(request, session, lambda token: console.reader.authorize_project(token, namespace))
+        gpus = await console.views.project(namespace)
+        if gpus is None:
+            raise problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
+        try:
+            # A form asks for one kind of workload; the page shows a notebook's offer until told otherwise.
+            offer = await project_offer(console.views, namespace, request.query.get("kind") or "notebook")
+        except NotAProject as exc:
+            raise problem(request, 404, "No such project", str(exc), session) from None
+        except ValueError as exc:
+            raise problem(request, 400, "Unknown workload kind", str(exc), session) from None
+        return render(request, "project.html", session=session, gpus=gpus, offer=offer, namespace=namespace)
+
+    def admin_data(request: web.Request, session: Session | None) -> RunaiAdminView:
+        view = console.views.admin()
+        if view is None:
+            raise problem(request, 503, "Run:ai cannot be reached", NO_RUNAI_DATA, session)
+        return view
+
+    async def admin(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        await authorized(request, session, console.reader.authorize_admin)
+        view = admin_data(request, session)
+        counts: dict[str, int] = {}
+        for p in view.projects:
+            counts[p.department] = counts.get(p.department, 0) + 1
+        return render(request, "admin.html", session=session, view=view, counts=counts)
+
+    async def department(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        name = request.match_info["name"]
+        await authorized(request, session, console.reader.authorize_admin)
+        view = admin_data(request, session)
+        row = next((d for d in view.departments if d.name == name), None)
+        projects = [p for p in view.projects if p.department == name]
+        if row is None and not projects:
+            raise problem(request, 404, "No such department", f"no department {name}", session)
+        return render(
+            request,
+            "department.html",
+            session=session,
+            view=view,
+            department=row,
+            name=name,
+            projects=projects,
+            actions=console.mover is not None,
+            known=sorted({d.name for d in view.departments}),
+        )
+
+    def find_project(view: RunaiAdminView, namespace: str) -> AdminProject | None:
+        return next((p for p in view.projects if p.namespace == namespace), None)
+
+    def runai_target(view: RunaiAdminView, department: str) -> str:
+        """The Run:ai department a platform department's projects go to (as the mover maps it)."""
+        linked = {d.name for d in view.departments if d.linked}
+        return department if department in linked else view.default_department
+
+    async def move_confirm(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        namespace = request.match_info["namespace"]
+        await authorized(request, session, console.reader.authorize_admin)
+        view = admin_data(request, session)
+        row = find_project(view, namespace)
+        if row is None:
+            raise problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
+        target = (request.query.get("department") or "").strip() or view.default_department
+        error = department_name_error(target)
+        if error is not None:
+            raise problem(request, 400, "Not a department name", error, session)
+        return render(
+            request,
+            "move_confirm.html",
+            session=session,
+            project=row,
+            target=target,
+            runai_target=runai_target(view, target),
+            actions=console.mover is not None,
+        )
+
+    async def delete_confirm(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        name = request.match_info["name"]
+        await authorized(request, session, console.reader.authorize_admin)
+        view = admin_data(request, session)
+        projects = [p for p in view.projects if p.department == name]
+        return render(
+            request,
+            "delete_confirm.html",
+            session=session,
+            name=name,
+            projects=projects,
+            default=view.default_department,
+            actions=console.mover is not None,
+        )
+
+    async def acting(request: web.Request) -> tuple[Session | None, Mapping[str, str], str]:
+        """A state-changing post: signed in, same site, CSRF secret, and allowed to act."""
+        session = session_of(request)
+        form = await request.post()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        refused = check_form(request, session, fields.get("csrf"))
+        if refused is not None:
+            raise problem(request, 403, "Refused", refused, session)
+        if console.mover is None or console.actor is None:
+            raise problem(
+                request,
+                501,
+                "Needs cluster mode",
+                "moving projects and deleting departments changes Kubernetes and Run:ai: run the server "
+                "against a cluster (without --state) to do it",
+                session,
+            )
+        principal = await authorized(request, session, console.actor.authorize_admin)
+        return session, fields, str(getattr(principal, "username", principal))
+
+    async def move(request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        session, fields, who = await acting(request)
+        assert console.mover is not None
+        department = fields.get("department", "").strip() or None
+        status, answer = await move_project_answer(console.mover, namespace, department, who)
+        return render(
+            request, "move_result.html", status, session, namespace=namespace, answer=answer, ok=status == 200
+        )
+
+    async def delete(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        session, _, who = await acting(request)
+        assert console.mover is not None
+        status, answer = await delete_department_answer(console.mover, name, who)
+        return render(request, "delete_result.html", status, session, name=name, answer=answer, ok=status == 200)
+
+    # -- sign-in -----------------------------------------------------------------------------------
+    def next_target(value: str | None) -> str:
+        # Only back into the console: never an open redirect to another site.
+        if value and value.startswith("/ui/") and "//" not in value and "\\" not in value:
+            return value
+        return "/ui/"
+
+    async def signin_form(request: web.Request) -> web.StreamResponse:
+        if console.open:
+            raise _Stop(_see_other("/ui/"))
+        expired = request.query.get("expired") == "1"
+        message = "Your token is no longer accepted; sign in again." if expired else ""
+        return render(request, "signin.html", next=next_target(request.query.get("next")), message=message)
+
+    async def signin(request: web.Request) -> web.StreamResponse:
+        if console.open or console.sign_in is None:
+            raise _Stop(_see_other("/ui/"))
+        refused = check_form(request, None, None)
+        if refused is not None:
+            raise problem(request, 403, "Refused", refused, None)
+        form = await request.post()
+        token = form.get("token")
+        target = next_target(str(form.get("next") or ""))
+        response = _see_other(target)
+        try:
+            token = Sessions.usable(token if isinstance(token, str) else "")
+            await console.sign_in(token)  # TokenReview, as every API call's token gets
+            console.sessions.issue(response, token)
+        except SessionError as exc:
+            return render(request, "signin.html", 400, next=target, message=str(exc))
+        except AuthError as exc:
+            if exc.status == 401:
+                return render(request, "signin.html", 401, next=target, message=f"Not signed in: {exc.reason}")
+            raise problem(request, exc.status, "Cannot check who you are", exc.reason, None) from None
+        return response
+
+    async def signout(request: web.Request) -> web.StreamResponse:
+        session = session_of(request)
+        form = await request.post()
+        csrf = form.get("csrf")
+        refused = check_form(request, session, csrf if isinstance(csrf, str) else None)
+        if refused is not None:
+            raise problem(request, 403, "Refused", refused, session)
+        response = _see_other("/ui/signin")
+        Sessions.clear(response)
+        return response
+
+    async def static(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in _STATIC:
+            raise web.HTTPNotFound()
+        body = resources.files("webhook.console").joinpath("static", name).read_bytes()
+        return web.Response(
+            body=body,
+            content_type=_STATIC[name],
+            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+        )
+
+    async def to_index(_: web.Request) -> web.StreamResponse:
+        return _see_other("/ui/")
+
+    return [
+        web.get("/ui", to_index, allow_head=False),
+        web.get("/ui/", page(index), allow_head=False),
+        web.get("/ui/signin", page(signin_form), allow_head=False),
+        web.post("/ui/signin", page(signin)),
+        web.post("/ui/signout", page(signout)),
+        web.get("/ui/projects/{namespace}", page(project), allow_head=False),
+        web.get("/ui/admin/", page(admin), allow_head=False),
+        web.get("/ui/admin/departments/{name}", page(department), allow_head=False),
+        web.get("/ui/admin/departments/{name}/delete", page(delete_confirm), allow_head=False),
+        web.post("/ui/admin/departments/{name}/delete", page(delete)),
+        web.get("/ui/admin/projects/{namespace}/move", page(move_confirm), allow_head=False),
+        web.post("/ui/admin/projects/{namespace}/move", page(move)),
+        web.get("/ui/static/{name}", static, allow_head=False),
+    ]

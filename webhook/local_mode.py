@@ -1,0 +1,60 @@
+"""Folder mode (`serve --state DIR`) serves the GPU API, the scheduling API and the console too,
+without sign-in, but only on a loopback address: there is no Kubernetes API to check a token with,
+so only the machine's own users may read. Run:ai numbers come from the folder's `RunaiSnapshot`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from aiohttp import web
+
+from webhook.auth import Forbidden, Principal
+from webhook.console import Console, console_routes
+from webhook.gpu_api import GpuViews
+from webhook.scheduling_api import scheduling_routes
+from webhook.state.runai_snapshot import RunaiSnapshotDirectory
+from webhook.state.store import ClusterState
+
+LOCAL_USER = Principal(username="local")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackAuthorizer:
+    """Everyone may read when the server listens on loopback only; nobody otherwise."""
+
+    def __init__(self, loopback: bool) -> None:
+        self.loopback = loopback
+
+    def _check(self) -> Principal:
+        if not self.loopback:
+            raise Forbidden(
+                "without a cluster there is no Kubernetes API to check tokens with: folder mode serves the "
+                "GPU API and the console on a loopback address only (--host 127.0.0.1)"
+            )
+        return LOCAL_USER
+
+    async def authorize_project(self, token: str | None, namespace: str) -> Principal:
+        return self._check()
+
+    async def authorize_admin(self, token: str | None) -> Principal:
+        return self._check()
+
+
+def folder_mode_routes(state: ClusterState, state_dir: Path, host: str) -> list[web.RouteDef]:
+    views = GpuViews(state, RunaiSnapshotDirectory(state_dir))
+    authorizer = LoopbackAuthorizer(is_loopback(host))
+    return [
+        *views.routes(authorizer),
+        *scheduling_routes(views, authorizer),
+        *console_routes(Console(views, authorizer)),
+    ]
