@@ -274,6 +274,13 @@ CASES = [
         deserved=0,
     ),
     Case("CronJob is never checked", lambda: as_cronjob(workload(gpus=4, labels={"job-name": "train"})), deserved=0),
+    Case("a Job's unlabelled pods are jobs too", lambda: as_job(workload(gpus=4, labels={})), deserved=0),
+    Case(
+        "a Deployment whose pods say they are jobs is checked (only the Job controller makes jobs)",
+        lambda: workload(replicas=3, gpus=2, labels={"job-name": "train", "hopsworks.ai/workload-type": "job"}),
+        allowed=False,
+        message=("pods of no known kind", "asks for 6 "),
+    ),
     Case(
         "a Job whose pods are notebooks counts parallelism, capped by completions",
         lambda: as_job(
