@@ -38,6 +38,7 @@ FLAGS = (
     "--disable-dev-shm-usage",
 )
 T = TypeVar("T")
+NAVIGATION_TIMEOUT_S = 30  # generous: the machine is shared and the server runs in the test's loop
 
 
 def missing_browser() -> str | None:
@@ -139,16 +140,34 @@ class Page:
 
         await self.run(fill)
 
+    def _following(self, act: Callable[[], None]) -> None:
+        """Do `act`, which loads another page, and return once that page has loaded: a click may
+        return before the old page is gone, and reading it then reads the old one."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver = self.browser.driver
+        old = driver.find_element(By.TAG_NAME, "html")
+        act()
+        wait = WebDriverWait(driver, NAVIGATION_TIMEOUT_S)
+        wait.until(expected_conditions.staleness_of(old))
+        wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
     async def click(self, css: str) -> None:
+        """Click a link or a submit button and wait for the page it loads."""
         from selenium.webdriver.common.by import By
 
-        await self.run(lambda: self.browser.driver.find_element(By.CSS_SELECTOR, css).click())
+        await self.run(self._following, lambda: self.browser.driver.find_element(By.CSS_SELECTOR, css).click())
 
-    async def keys(self, *keys: str) -> None:
-        """Type into whatever has the focus."""
+    async def keys(self, *keys: str, navigates: bool = False) -> None:
+        """Type into whatever has the focus (`navigates`: the keys load another page; wait for it)."""
         from selenium.webdriver.common.action_chains import ActionChains
 
-        await self.run(lambda: ActionChains(self.browser.driver).send_keys(*keys).perform())
+        def press() -> None:
+            ActionChains(self.browser.driver).send_keys(*keys).perform()
+
+        await self.run(self._following, press) if navigates else await self.run(press)
 
     async def focused(self) -> dict[str, str | None]:
         def read() -> dict[str, str | None]:
