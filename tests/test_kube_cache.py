@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -322,3 +323,125 @@ async def test_one_more_resource_is_one_line(kube: KubeEmulator, api: ApiClient)
         "PriorityClass",
         "ConfigMap",
     ]
+
+
+def poison_objects() -> list[dict[str, Any]]:
+    """One object per cached kind that the store cannot take as it is (issue 10.1); an apiserver
+    would not store most of them, but a cache must survive whatever a list or watch hands it."""
+    gpu_poison = pod("churn", "gpu-poison")
+    gpu_poison["metadata"]["annotations"] = {"gpu-fraction": "1e999999999"}  # decimal.Overflow before the fix
+    nan_poison = pod("churn", "nan-poison")
+    nan_poison["metadata"]["annotations"] = {"gpu-fraction": "0", "gpu-fraction-num-devices": "1e999999"}
+    bad_labels = pod("churn", "bad-labels")
+    bad_labels["metadata"]["labels"] = "not-a-map"
+    bad_namespace = namespace("bad-ns")
+    bad_namespace["metadata"]["labels"] = "not-a-map"
+    return [
+        gpu_poison,
+        nan_poison,
+        bad_labels,
+        bad_namespace,
+        {**priority_class("bad-pc", 0), "value": "high"},
+        settings(scheduler="maxNodeSelectorTerms: " + "9" * 5_000),  # ValueError before the fix
+    ]
+
+
+def skipped(kind: str) -> float:
+    return metric("webhook_cache_objects_skipped_total", kind=kind)
+
+
+async def test_no_single_object_stops_a_cache_from_syncing(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    # Issue 10.1: a poison object in the first list, in a re-list after 410 Gone, and in a watch
+    # event. Each is skipped (or, for a pod's GPU request, counted as the most a pod may ask for),
+    # the others are all there, and readiness tells the truth.
+    from webhook.core.kinds import UNREADABLE_POD_GPUS
+
+    kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn"}))
+    kube.put_object(priority_class("normal", 100))
+    kube.put_object(local_queue("churn", "default"))
+    for i in range(3):
+        kube.put_object(pod("churn", f"good-{i}", gpus=1))
+    for obj in poison_objects():
+        kube.put_object(obj)
+    before = {k: skipped(k) for k in ("Pod", "Namespace", "PriorityClass")}
+
+    await watcher.start()
+    assert await watcher.wait_synced(5), state.synced
+    assert state.ready()
+    assert {"churn", "default", INSTALL_NS} <= set(state.namespaces) and "bad-ns" not in state.namespaces
+    assert set(state.priority_classes) == {"normal"}
+    assert state.local_queues == {"churn": frozenset({"default"})}
+    gpus = {r.name: r.gpus for r in state.pods["churn"].values()}
+    assert gpus == {
+        "good-0": 1.0,
+        "good-1": 1.0,
+        "good-2": 1.0,
+        "gpu-poison": UNREADABLE_POD_GPUS,
+        "nan-poison": UNREADABLE_POD_GPUS,
+    }
+    assert "scheduler:" in (state.snapshot().settings_error or "")  # refused, defaults serve (issue 10.6)
+    assert {k: skipped(k) - before[k] for k in before} == {"Pod": 1, "Namespace": 1, "PriorityClass": 1}
+
+    # A re-list after 410 Gone meets the same objects and still completes, with no stale entries.
+    await eventually(lambda: kube.open_watches == 5)
+    kube.fail_next(10_000, status=503)
+    kube.drop_watches()
+    kube.delete_object("Pod", "good-2", "churn")
+    await eventually(lambda: kube.open_watches == 0)
+    kube.compact()
+    kube.clear_faults()
+    await eventually(lambda: "churn/good-2" not in pod_names(state))
+    assert await watcher.wait_synced(5) and state.ready()
+    assert pod_names(state) == {f"churn/{n}" for n in ("good-0", "good-1", "gpu-poison", "nan-poison")}
+    assert skipped("Pod") - before["Pod"] == 2
+
+    # And as watch events: skipped, and the events after them still arrive.
+    await eventually(lambda: kube.open_watches == 5)
+    late = pod("churn", "late-poison")
+    late["metadata"]["labels"] = "not-a-map"
+    kube.put_object(late)
+    kube.put_object(pod("churn", "after", gpus=2))
+    await eventually(lambda: "churn/after" in pod_names(state))
+    assert skipped("Pod") - before["Pod"] == 3
+    assert state.ready()
+
+
+async def test_a_relist_that_fails_part_way_is_not_reported_synced(kube: KubeEmulator, api: ApiClient) -> None:
+    # Issue 10.1: after 410 Gone, /readyz said ready while the pod cache held only part of the list.
+    class Breaks(ClusterState):
+        broken = False
+
+        def replace_all(self, kind: str, objects: list[Any]) -> None:
+            if self.broken and kind == "Pod":
+                raise RuntimeError("a store bug half way through")
+            super().replace_all(kind, objects)
+
+    state = Breaks(INSTALL_NS)
+    kube.put_object(pod(INSTALL_NS, "p"))
+    watch = ResourceWatch("Pod", partial_list_pods(api), timing=FAST)
+    task = asyncio.create_task(watch.run(state))
+    try:
+        await eventually(lambda: state.synced.get("Pod") is True)
+        state.broken = True
+        await eventually(lambda: kube.open_watches == 1)
+        kube.fail_next(10_000, status=503)
+        kube.drop_watches()
+        await eventually(lambda: kube.open_watches == 0)
+        kube.put_object(pod(INSTALL_NS, "q"))  # history moves on, then is forgotten: 410 Gone
+        kube.compact()
+        kube.clear_faults()
+        await eventually(lambda: state.synced.get("Pod") is False)
+        state.broken = False
+        await eventually(lambda: state.synced.get("Pod") is True)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def partial_list_pods(api: ApiClient) -> Any:
+    from kubernetes_asyncio.client import CoreV1Api
+
+    return CoreV1Api(api).list_pod_for_all_namespaces

@@ -192,6 +192,31 @@ CASES = [
         allowed=False,
         reason="Invalid",
     ),
+    Case(
+        "issue 10.5: a fraction of 0 on 1e999999 devices (NaN GPUs) is a 400 naming the annotation",
+        gpus=None,
+        annotations={"gpu-fraction": "0", "gpu-fraction-num-devices": "1e999999"},
+        allowed=False,
+        reason="Invalid",
+        message=("gpu-fraction-num-devices",),
+    ),
+    Case(
+        "issue 10.5: an overflowing fraction is a 400",
+        gpus=None,
+        annotations={"gpu-fraction": "1e999999999"},
+        allowed=False,
+        reason="Invalid",
+        message=("annotation gpu-fraction:",),
+    ),
+    Case(
+        "issue 10.5: a job's unreadable GPU request is refused too (it would be cached as NaN)",
+        labels={"job-name": "train"},
+        gpus=None,
+        annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1.5"},
+        allowed=False,
+        reason="Invalid",
+        message=("whole number",),
+    ),
 ]
 
 
@@ -238,17 +263,65 @@ def test_gpu_numbers_read_well(value: float, text: str) -> None:
     [
         ("1", 1.0), ("0", 0.0), (" 2 ", 2.0), ("16", 16.0), (3, 3.0), (0.5, 0.5), ("500m", 0.5),
         ("1k", 1000.0), ("1Ki", 1024.0), ("2Mi", 2.0 * 2**20), ("1G", 1e9), ("1.5", 1.5),
-        ("9" * 16, float("9" * 16)), ("1" + "0" * 400, float("inf")),  # past the digit fast path
+        ("9" * 16, float("9" * 16)), ("1e3", 1000.0), ("2E-1", 0.2), (".5", 0.5), ("1E", 1e18),
     ],
 )  # fmt: skip
 def test_gpu_quantities_parse_like_kubernetes(raw: object, expected: float) -> None:
     assert parse_quantity(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["", "-1", "1x", "1e", "nan", True, float("nan"), -2, "Mi"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "", "-1", "1x", "1e", "nan", True, float("nan"), -2, "Mi", "inf", "Infinity", "0x10", "1_000",
+        # issue 10.5: what used to overflow Decimal, or become inf or NaN, or pass as a digit
+        "1e999999999", "1e999999", "1" + "0" * 400, "9" * 5_000, 10**5_000, float("inf"), "1e41",
+        "\uff11", "\u0663", "1\u00a0", None, [], {"a": 1},
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, int) and v > 2**64 else repr(v)[:30],
+)  # fmt: skip
 def test_malformed_gpu_quantities_are_refused(raw: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity(raw)
+
+
+def test_gpu_quantities_beyond_any_node_are_refused_with_the_field() -> None:
+    from webhook.core.kinds import GpuRequestError, pod_gpu_request
+
+    pod = running_pod("a", 1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "5000"
+    with pytest.raises(GpuRequestError, match=r"spec.containers\[0\].resources.limits\[nvidia.com/gpu\]"):
+        pod_gpu_request(pod)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"gpu-fraction": "1e999999999"},  # decimal.Overflow before the fix
+        {"gpu-fraction": "0", "gpu-fraction-num-devices": "1e999999"},  # NaN before the fix
+        {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "\u0663"},
+    ],
+)
+def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annotations: dict[str, str]) -> None:
+    # issue 10.1/10.5: the pod is kept, counted as the most a pod may ask for (never NaN, never 0),
+    # the other pods still count, and the metric says how many such pods there are.
+    from webhook.core.kinds import UNREADABLE_POD_GPUS
+    from webhook.metrics import REGISTRY
+
+    poison = running_pod("poison", 0)
+    poison["metadata"]["annotations"] = annotations
+    state = cluster_state(namespaces=[BOUND], extra=[running_pod("a", 1)], run_ai_enable=True)
+    state.replace_all("Pod", [running_pod("a", 1), poison, running_pod("b", 2)])
+    used = gpus_in_use(state.snapshot(), "vision", NOW)
+    assert used == 3 + UNREADABLE_POD_GPUS
+    assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 1
+    snap = state.snapshot()
+    snap.runai_projects = {"vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=8)}
+    decision = validate_pod(pod_review("vision", labels=NOTEBOOK, gpus=1)["request"], snap, now=NOW)
+    assert_decision(decision, allowed=False, reason=OVER_QUOTA)
+    state.delete(poison)
+    assert gpus_in_use(state.snapshot(), "vision", NOW) == 3
+    assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 0
 
 
 def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -> None:

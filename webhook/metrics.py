@@ -44,6 +44,23 @@ CACHE_OBJECTS = Gauge(
     ["kind"],
     registry=REGISTRY,
 )
+CACHE_SKIPPED = Counter(
+    "webhook_cache_objects_skipped_total",
+    "Objects a watch-fed cache could not take and skipped (the log names each), by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+PODS_UNREADABLE_GPUS = Gauge(
+    "webhook_pods_unreadable_gpus",
+    "Cached pods whose GPU request cannot be read; each counts as the largest GPU request against its project.",
+    registry=REGISTRY,
+)
+ADMISSION_INTERNAL_ERRORS = Counter(
+    "webhook_admission_internal_errors_total",
+    "Admission reviews refused because a decision raised: always a bug, the log has the traceback.",
+    ["endpoint"],
+    registry=REGISTRY,
+)
 RUNAI_REACHABLE = Gauge(
     "webhook_runai_reachable",
     "1 when the last call to the Run:ai control plane succeeded.",

@@ -106,6 +106,7 @@ class PodRecord:
     labels: Mapping[str, Any] = field(default_factory=dict, compare=False)
     controller: tuple[str, str] | None = field(default=None, compare=False)  # (API group, kind) of its controller
     scheduled: bool = False  # bound to a node: Run:ai has allocated its GPUs
+    gpus_unreadable: bool = False  # `gpus` is UNREADABLE_POD_GPUS: the request could not be read
 
     @property
     def finished(self) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from webhook.settings import PREEMPTIBLE_KINDS, WORKLOAD_KINDS, WorkloadKindRules
@@ -58,45 +59,101 @@ def classify_workload(
     return None
 
 
-# Binary suffixes first: "Mi" must not be read as "M" after stripping "i".
-_QUANTITY_SUFFIXES = (
-    ("Ki", Decimal(2) ** 10), ("Mi", Decimal(2) ** 20), ("Gi", Decimal(2) ** 30),
-    ("m", Decimal("0.001")), ("k", Decimal(10) ** 3), ("M", Decimal(10) ** 6), ("G", Decimal(10) ** 9),
-)  # fmt: skip
+# The Kubernetes quantity grammar: a decimal number, then a binary or decimal SI suffix or a decimal
+# exponent. Matched before any arithmetic, so "1e999999999" or a 5,000-digit number never reaches
+# Decimal (which overflows) or float (which gives inf or NaN).
+_QUANTITY_RE = re.compile(
+    r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+)
+_SUFFIX_SCALE = {
+    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}  # fmt: skip
+# Longer than any quantity a person writes; bounds the work before the grammar is even tried.
+MAX_QUANTITY_CHARS = 40
+# Beyond any amount of anything this system counts; keeps every sum finite.
+MAX_QUANTITY = 1e18
+# No node holds more GPUs than this: a larger request is a typo or an attack, never a workload.
+MAX_GPUS = 1024.0
+# What a cached pod whose GPU request cannot be read counts as (DESIGN: quota never leaks). The
+# apiserver and admission refuse such pods, so one in the cache was created around them; it blocks
+# its project's quota until it is removed, and `webhook_pods_unreadable_gpus` says how many exist.
+UNREADABLE_POD_GPUS = MAX_GPUS
 
 
-def parse_quantity(value: Any) -> float:
-    """A Kubernetes quantity as a number ("2", "500m", "1k"). Raises ValueError when malformed."""
+class GpuRequestError(ValueError):
+    """A pod's GPU request cannot be read; the message names the field."""
+
+
+def parse_quantity(value: Any, maximum: float = MAX_QUANTITY) -> float:
+    """A Kubernetes quantity as a number ("2", "500m", "1k", "1e3"). Raises ValueError unless it is
+    a finite, non-negative number of at most `maximum` written in ASCII by the quantity grammar."""
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"not a quantity: {value!r}")
-        return float(value)
-    text = str(value).strip()
-    if len(text) <= 15 and text.isdigit() and text.isascii():
+    if isinstance(value, int):
+        number = float(value) if -(2**63) <= value < 2**63 else math.inf  # no int->str of 5,000 digits
+    elif isinstance(value, float):
+        number = value
+    elif isinstance(value, str):
+        number = _parse_quantity_text(value)
+    else:
+        raise ValueError(f"not a quantity: a {type(value).__name__}")
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"not a finite, non-negative quantity: {_shown(value)}")
+    if number > maximum:
+        raise ValueError(f"quantity {_shown(value)} is more than {maximum:g}")
+    return number
+
+
+def _parse_quantity_text(value: str) -> float:
+    text = value.strip(" \t")
+    if len(text) > MAX_QUANTITY_CHARS or not text.isascii():
+        raise ValueError(f"not a quantity: {_shown(value)}")
+    if text.isdigit() and len(text) <= 15:
         return float(int(text))  # "1", "2": nearly every GPU request, exact and without Decimal
-    scale = Decimal(1)
-    for suffix, factor in _QUANTITY_SUFFIXES:
-        if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], factor
-            break
-    try:
-        number = Decimal(text) * scale
-    except InvalidOperation:
-        raise ValueError(f"not a quantity: {value!r}") from None
-    if not number.is_finite() or number < 0:
-        raise ValueError(f"not a quantity: {value!r}")
-    return float(number)
+    match = _QUANTITY_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a quantity: {_shown(value)}")
+    suffix = match["suffix"] or ""
+    if len(suffix) > 1 and suffix[0] in ("e", "E"):
+        exponent = int(suffix[1:])
+        if abs(exponent) > 40:  # 40 digits at most, so a larger exponent is out of range anyway
+            return math.inf if exponent > 0 and Decimal(match["number"]) else 0.0
+        scale = Decimal(10) ** exponent
+    else:
+        scale = _SUFFIX_SCALE[suffix]
+    return float(Decimal(match["number"]) * scale)
 
 
-def _container_gpus(container: Mapping[str, Any]) -> float:
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str | float) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _container_gpus(container: Mapping[str, Any], where: str) -> float:
     resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise GpuRequestError(f"{where}.resources must be an object")
     for section in ("limits", "requests"):
         amounts = resources.get(section) or {}
+        if not isinstance(amounts, Mapping):
+            raise GpuRequestError(f"{where}.resources.{section} must be an object")
         if GPU_RESOURCE in amounts:
-            return parse_quantity(amounts[GPU_RESOURCE])
+            try:
+                return parse_quantity(amounts[GPU_RESOURCE], MAX_GPUS)
+            except ValueError as exc:
+                raise GpuRequestError(f"{where}.resources.{section}[{GPU_RESOURCE}]: {exc}") from None
     return 0.0
+
+
+def _annotation_quantity(annotations: Mapping[str, Any], key: str) -> float:
+    try:
+        return parse_quantity(annotations[key], MAX_GPUS)
+    except ValueError as exc:
+        raise GpuRequestError(f"annotation {key}: {exc}") from None
 
 
 def pod_gpu_request(pod: Mapping[str, Any]) -> float:
@@ -105,24 +162,46 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> float:
     Like the scheduler: the larger of the sum over app containers and the largest init container.
     A `gpu-memory` request cannot be turned into a fraction without the node's GPU, so it counts as
     one device per requested device: an upper bound, so quota never leaks.
-    Raises ValueError on a malformed quantity.
+    Raises GpuRequestError (a ValueError) naming the field when a quantity cannot be read.
     """
     spec = pod.get("spec") or {}
-    app = sum(_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, dict))
+    if not isinstance(spec, Mapping):
+        raise GpuRequestError("spec must be an object")
+    app = sum(
+        _container_gpus(c, f"spec.containers[{i}]")
+        for i, c in enumerate(_list(spec, "containers"))
+        if isinstance(c, dict)
+    )
     init = max(
-        (_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, dict)),
+        (
+            _container_gpus(c, f"spec.initContainers[{i}]")
+            for i, c in enumerate(_list(spec, "initContainers"))
+            if isinstance(c, dict)
+        ),
         default=0.0,
     )
     gpus = max(app, init)
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    meta = pod.get("metadata") or {}
+    annotations = (meta.get("annotations") or {}) if isinstance(meta, Mapping) else {}
+    if not isinstance(annotations, Mapping):
+        raise GpuRequestError("metadata.annotations must be an object")
     devices = 1.0
     if GPU_FRACTION_DEVICES_ANNOTATION in annotations:
-        devices = parse_quantity(annotations[GPU_FRACTION_DEVICES_ANNOTATION])
+        devices = _annotation_quantity(annotations, GPU_FRACTION_DEVICES_ANNOTATION)
+        if devices < 1 or devices != int(devices):
+            raise GpuRequestError(f"annotation {GPU_FRACTION_DEVICES_ANNOTATION} must be a whole number of at least 1")
     if GPU_FRACTION_ANNOTATION in annotations:
-        fraction = parse_quantity(annotations[GPU_FRACTION_ANNOTATION])
+        fraction = _annotation_quantity(annotations, GPU_FRACTION_ANNOTATION)
         if fraction > 1:
-            raise ValueError(f"{GPU_FRACTION_ANNOTATION} must be at most 1, got {fraction}")
+            raise GpuRequestError(f"annotation {GPU_FRACTION_ANNOTATION} must be at most 1, got {fraction:g}")
         gpus += fraction * devices
     elif GPU_MEMORY_ANNOTATION in annotations:
         gpus += devices
     return gpus
+
+
+def _list(spec: Mapping[str, Any], key: str) -> list[Any]:
+    value = spec.get(key) or []
+    if not isinstance(value, list):
+        raise GpuRequestError(f"spec.{key} must be a list")
+    return value

@@ -118,12 +118,13 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             code=403,
             reason=NOT_BOUND,
         )
-    if not quota_checked(target.kind):
-        return Decision.allow()  # jobs are preemptible: Run:ai runs them on idle GPUs over quota
     try:
+        # Every kind: a request that cannot be read would count as NaN or infinity in the caches.
         gpus = pod_gpu_request(target.pod)
     except ValueError as exc:
         return Decision.deny(f"GPU request: {exc}", code=400, reason="Invalid")
+    if not quota_checked(target.kind):
+        return Decision.allow()  # jobs are preemptible: Run:ai runs them on idle GPUs over quota
     if gpus <= 0:
         return Decision.allow()
     return check_quota(

@@ -32,7 +32,7 @@ from webhook.kubeapi import KubeApi, KubeConflict, KubeError
 from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, GpuReservation
 from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming
-from webhook.state.store import ClusterState
+from webhook.state.store import ClusterState, apply_each
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,7 @@ class GpuReservations:
     def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
         self._objects.clear()
         self._reservations.clear()
-        for obj in objects:
-            self.apply(obj)
+        apply_each(kind, objects, self.apply)
 
     def reservations(self, namespace: str) -> Mapping[str, GpuReservation]:
         return self._reservations.get(namespace, {})

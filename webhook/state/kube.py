@@ -29,6 +29,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, Sc
 
 from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RESTARTS
 from webhook.settings import SETTINGS_CONFIGMAP
+from webhook.state.store import log_skipped
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,15 @@ class ResourceWatch:
         ceiling = min(self.timing.backoff_max_s, self.timing.backoff_initial_s * 2 ** max(0, failures - 1))
         return random.uniform(ceiling / 2, ceiling)
 
+    def _prepared_items(self, items: Iterable[Any]) -> list[Obj]:
+        prepared = []
+        for item in items:
+            try:
+                prepared.append(self._prepare(item))
+            except Exception:
+                log_skipped(self.name, "list", item if isinstance(item, dict) else {})
+        return prepared
+
     def _prepare(self, obj: Obj) -> Obj:
         if self.slim is not None:
             obj = self.slim(obj)
@@ -182,13 +192,18 @@ class ResourceWatch:
                 body = await response.json(loads=json.loads, content_type=None)
             finally:
                 response.release()
-            items.extend(self._prepare(item) for item in body.get("items") or ())
+            items.extend(self._prepared_items(body.get("items") or ()))
             meta = body.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
             cont = meta.get("continue")
             if not cont:
                 break
-        sink.replace_all(self.kind, items)  # one synchronous step: readers see old or new, never a mix
+        try:
+            sink.replace_all(self.kind, items)  # one synchronous step: readers see old or new, never a mix
+        except Exception:
+            # Part of the list may be in: never report such a cache as synced (it would under-count).
+            sink.synced[self.name] = False
+            raise
         sink.synced[self.name] = True
         CACHE_OBJECTS.labels(self.name).set(len(items))
         self.resource_version = rv
@@ -219,18 +234,22 @@ class ResourceWatch:
                 if not line.strip():
                     continue
                 event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError(f"watch event is not an object: {line[:100]!r}")
                 etype = event.get("type")
-                obj = event.get("object") or {}
+                obj = event.get("object")
+                obj = obj if isinstance(obj, dict) else {}
                 if etype == "ERROR":
                     code = obj.get("code")
                     if code == 410:
                         raise _Gone()
                     raise KubeApiError(int(code or 500), str(obj.get("message") or obj))
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                meta = obj.get("metadata")
+                rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 WATCH_EVENTS.labels(self.name, etype or "").inc()
                 count += 1
                 if etype in ("ADDED", "MODIFIED", "DELETED"):
-                    self._deliver(sink, etype, self._prepare(obj))
+                    self._deliver(sink, etype, obj)
                     if etype == "ADDED":
                         gauge.inc()
                     elif etype == "DELETED":
@@ -243,16 +262,16 @@ class ResourceWatch:
             response.close()
         return count
 
-    def _deliver(self, sink: Sink, etype: str, obj: Obj) -> None:
+    def _deliver(self, sink: Sink, etype: str, obj: Any) -> None:
         try:
+            obj = self._prepare(obj)
             if etype == "DELETED":
                 sink.delete(obj)
             else:
                 sink.apply(obj)
         except Exception:
             # One object the store cannot take must not wedge the watch (it would replay it forever).
-            meta = obj.get("metadata") or {}
-            log.exception("%s: cannot apply %s %s/%s", self.name, etype, meta.get("namespace"), meta.get("name"))
+            log_skipped(self.name, etype, obj if isinstance(obj, dict) else {})
 
     async def _error(self, response: aiohttp.ClientResponse) -> Exception:
         text = await response.text(errors="replace")

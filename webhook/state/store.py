@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from webhook.core.kinds import classify_workload, controller_owner, pod_gpu_request
-from webhook.metrics import SETTINGS_REJECTED
+from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
+from webhook.metrics import CACHE_SKIPPED, PODS_UNREADABLE_GPUS, SETTINGS_REJECTED
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import ClusterSnapshot, FreedPod, NamespaceInfo, PodRecord, PriorityClassInfo
 
@@ -45,6 +45,8 @@ class ClusterState:
         self.local_queues: dict[str, frozenset[str]] = {}
         self.pods: dict[str, dict[str, PodRecord]] = {}
         self.freed_pods: dict[str, dict[str, FreedPod]] = {}
+        # Uids of cached pods whose GPU request cannot be read (counted as UNREADABLE_POD_GPUS).
+        self.unreadable_gpu_pods: set[str] = set()
         self._snapshot = ClusterSnapshot(
             settings=settings or ClusterSettings(),
             namespaces=self.namespaces,
@@ -91,6 +93,7 @@ class ClusterState:
             pods = self.pods.setdefault(record.namespace, {})
             previous = pods.get(record.uid)
             pods[record.uid] = record
+            self._mark_unreadable(record.uid, record.gpus_unreadable)
             if record.finished and previous is not None and not previous.finished:
                 self._freed(previous)
         else:
@@ -103,7 +106,8 @@ class ClusterState:
         name = meta.get("name", "")
         if kind == "Namespace":
             self.namespaces.pop(name, None)
-            self.pods.pop(name, None)
+            for uid in self.pods.pop(name, {}):
+                self._mark_unreadable(uid, False)
             self.freed_pods.pop(name, None)
             self.local_queues.pop(name, None)
         elif kind == "PriorityClass":
@@ -125,6 +129,7 @@ class ClusterState:
             record = pods.pop(uid, None) if pods is not None else None
             if pods is not None and not pods:
                 self.pods.pop(ns, None)
+            self._mark_unreadable(uid, False)
             if record is None:  # never seen (e.g. deleted during a re-list): its reservation ends here too
                 record = pod_record(obj, self._snapshot.settings)
             if not record.finished:  # a finished pod's GPUs were freed when it finished
@@ -144,18 +149,25 @@ class ClusterState:
         elif kind == "Pod":
             before = [record for pods in self.pods.values() for record in pods.values()]
             self.pods.clear()
-            for obj in objects:
-                self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
+            self.unreadable_gpu_pods.clear()
+            PODS_UNREADABLE_GPUS.set(0)
+            apply_each(kind, objects, self.apply)
             for record in before:  # deleted while the watch was down
                 if not record.finished and record.uid not in self.pods.get(record.namespace, {}):
                     self._freed(record)
             return
         elif kind == "ConfigMap" and not any(
-            (o.get("metadata") or {}).get("name") == SETTINGS_CONFIGMAP for o in objects
+            isinstance(o.get("metadata"), Mapping) and o["metadata"].get("name") == SETTINGS_CONFIGMAP for o in objects
         ):
             self._apply_settings({})
-        for obj in objects:
-            self.apply({"kind": kind, **obj} if "kind" not in obj else obj)
+        apply_each(kind, objects, self.apply)
+
+    def _mark_unreadable(self, uid: str, unreadable: bool) -> None:
+        if unreadable:
+            self.unreadable_gpu_pods.add(uid)
+        else:
+            self.unreadable_gpu_pods.discard(uid)
+        PODS_UNREADABLE_GPUS.set(len(self.unreadable_gpu_pods))
 
     def _freed(self, record: PodRecord) -> None:
         """Remember that a GPU pod left, so its reservation stops counting now rather than at its TTL."""
@@ -212,34 +224,58 @@ class ClusterState:
             listener(event, kind, obj)
 
 
+def apply_each(kind: str, objects: list[Mapping[str, Any]], apply: Callable[[Mapping[str, Any]], None]) -> int:
+    """Apply every object of a fresh list; one a cache cannot take is skipped, logged and counted,
+    so no single object stops a cache from syncing. Returns how many were skipped."""
+    skipped = 0
+    for obj in objects:
+        try:
+            apply(obj if "kind" in obj else {"kind": kind, **obj})
+        except Exception:
+            skipped += 1
+            log_skipped(kind, "list", obj)
+    return skipped
+
+
+def log_skipped(kind: str, event: str, obj: Mapping[str, Any]) -> None:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    CACHE_SKIPPED.labels(kind).inc()
+    # %.100s: the names are the object's own, of any length
+    log.exception("%s cache skipped a %s object %.100s/%.100s", kind, event, meta.get("namespace"), meta.get("name"))
+
+
 def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace", "")
     name = meta.get("name") or meta.get("generateName") or ""
     labels = meta.get("labels") or {}
-    gpus = _gpus_or_zero(obj)
+    uid = meta.get("uid") or f"{ns}/{name}"
+    unreadable = False
+    try:
+        gpus = pod_gpu_request(obj)
+    except ValueError as exc:
+        # Admission refuses such a pod; one created around it (webhook down, or a namespace that
+        # became a project later) must not hide GPUs it may hold, so it counts as the most a pod
+        # may ask for. The metric and this line tell the operator which pod to fix.
+        log.warning(
+            "pod %.100s/%.100s: GPU request unreadable, counted as %g GPUs: %s", ns, name, UNREADABLE_POD_GPUS, exc
+        )
+        gpus, unreadable = UNREADABLE_POD_GPUS, True
     controller = controller_owner(meta)
     phase = (obj.get("status") or {}).get("phase") or "Pending"
     return PodRecord(
         namespace=ns,
         name=name,
-        uid=meta.get("uid") or f"{ns}/{name}",
+        uid=uid,
         phase=phase,
         kind=classify_workload(labels, settings.scheduler.workload_kinds, controller),
         gpus=gpus,
         labels=labels if gpus else _NO_LABELS,
         controller=controller if gpus else None,
         scheduled=bool((obj.get("spec") or {}).get("nodeName")) or phase == "Running",
+        gpus_unreadable=unreadable,
     )
 
 
 _NO_LABELS: Mapping[str, Any] = {}
-
-
-def _gpus_or_zero(obj: Mapping[str, Any]) -> float:
-    # The apiserver validated the resources; only Run:ai's free-form annotations can be malformed,
-    # and Run:ai refuses such pods itself.
-    try:
-        return pod_gpu_request(obj)
-    except ValueError:
-        return 0.0
