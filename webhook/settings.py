@@ -186,22 +186,81 @@ class ClusterSettings(_Strict):
         return None
 
     @classmethod
-    def from_configmap_data(cls, data: Mapping[str, Any] | None) -> ClusterSettings:
-        """Parse ConfigMap `data` (all values strings). Raises SettingsError naming the key."""
+    def from_configmap_data(cls, data: Any) -> ClusterSettings:
+        """Parse ConfigMap `data` (all values strings). Raises SettingsError naming the key, and
+        only SettingsError: a stored ConfigMap of any content must leave the server serving."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise SettingsError(f"data must be a map of strings, got {type(data).__name__}")
         values: dict[str, Any] = {}
-        for key, raw in (data or {}).items():
+        for key, raw in data.items():
+            if not isinstance(key, str) or not (raw is None or isinstance(raw, str | bool | int | float)):
+                raise SettingsError(f"data.{str(key)[:60]}: values must be strings")
+            if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) >= 2**63:
+                raise SettingsError(f"{key}: number out of range")
             if key == "scheduler":
-                try:
-                    parsed = yaml.safe_load(raw) if isinstance(raw, str) else raw
-                except yaml.YAMLError as exc:
-                    raise SettingsError(f"scheduler: not valid YAML: {exc}") from None
-                values[key] = parsed or {}
+                values[key] = _load_scheduler(raw)
             elif key in cls.model_fields:
                 values[key] = _coerce_flat(raw)
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError(_describe(exc)) from None
+        except (ValueError, TypeError, RecursionError) as exc:  # e.g. a validator meeting a value it did not expect
+            raise SettingsError(f"settings: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+# The scheduler block is a few kilobytes; this bounds the YAML parser's work on a hostile one.
+MAX_SCHEDULER_CHARS = 64 * 1024
+MAX_SCHEDULER_DEPTH = 12  # the schema nests 4 deep
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that stops at MAX_SCHEDULER_DEPTH instead of recursing until the stack runs out
+    (which costs a second of event loop on a ConfigMap-sized run of brackets)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_SCHEDULER_DEPTH:
+                raise yaml.YAMLError(f"nested more than {MAX_SCHEDULER_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _load_scheduler(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        raise SettingsError("scheduler: must be a string holding YAML")
+    if len(raw) > MAX_SCHEDULER_CHARS:
+        raise SettingsError(f"scheduler: {len(raw)} characters, more than the limit of {MAX_SCHEDULER_CHARS}")
+    try:
+        parsed = yaml.load(raw, Loader=_BoundedLoader)  # a SafeLoader
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"scheduler: not valid YAML: {str(exc)[:300]}") from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        # An integer past Python's digit limit (ValueError), or nesting past the stack.
+        raise SettingsError(f"scheduler: cannot be read: {type(exc).__name__}: {str(exc)[:200]}") from None
+    _check_plain(parsed, "scheduler")
+    return parsed or {}
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Refuse integers the schema never holds before pydantic sees them (the loader bounds depth)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, where)
+            _check_plain(item, f"{where}.{str(key)[:60]}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise SettingsError(f"{where}: number out of range")
 
 
 def _coerce_flat(raw: Any) -> Any:
