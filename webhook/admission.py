@@ -114,12 +114,149 @@ def _first_errors(exc: ValidationError, limit: int = 3) -> str:
     return "invalid AdmissionReview: " + "; ".join(parts)
 
 
+# Messages, warnings and audit annotations can quote what a request wrote; bounded, they cannot
+# fill the apiserver's audit log or a user's terminal (the apiserver itself truncates warnings).
+MAX_MESSAGE_CHARS = 4096
+MAX_WARNING_CHARS = 512
+MAX_AUDIT_CHARS = 256
+
+
+def shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the fields of `object` and `oldObject` that the decisions read ------------------------------
+# The envelope's schema above checks `object` only shallowly; these checks make every field a rule
+# reads the type it expects before any rule runs, so an odd value is a 400 naming the field instead
+# of an exception deep in a rule. A real apiserver never sends such objects: refusing is safe.
+
+_POD_TEMPLATE_PATHS = {
+    "Pod": (),
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+class _Shape(Exception):
+    """A field of the wrong type; the message names it."""
+
+
+def object_errors(request: Mapping[str, Any]) -> str | None:
+    """Why `object` or `oldObject` cannot be read by the rules, naming the field; None when fine."""
+    kind = request.get("kind")
+    kind_name = kind.get("kind") if isinstance(kind, dict) else None
+    try:
+        for key in ("object", "oldObject"):
+            obj = request.get(key)
+            if obj is not None:
+                _check_object(obj, str(kind_name or ""), key)
+    except _Shape as exc:
+        return str(exc)
+    return None
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _expect(value: Any, expected: type | tuple[type, ...], where: str, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, expected):  # no field read here is a boolean
+        raise _Shape(f"{where}: must be {what}, got {_type_name(value)}")
+
+
+def _optional(parent: Mapping[str, Any], key: str, expected: type, where: str, what: str) -> Any:
+    value = parent.get(key)
+    if value is not None:
+        _expect(value, expected, f"{where}.{key}", what)
+    return value
+
+
+def _string_map(parent: Mapping[str, Any], key: str, where: str, strict: bool = True) -> None:
+    """A map; with `strict`, of strings only. The pod rules read a few keys and cope with a value of
+    any type there, so a pod's other labels and annotations are not theirs to refuse."""
+    values = _optional(parent, key, dict, where, "a map of strings")
+    if not strict:
+        return
+    for name, value in (values or {}).items():
+        if not isinstance(value, str):
+            raise _Shape(f"{where}.{key}[{shorten(repr(name), 80)}]: must be a string, got {_type_name(value)}")
+
+
+def _check_object(obj: Any, kind: str, where: str) -> None:
+    _expect(obj, dict, where, "an object")
+    meta = _optional(obj, "metadata", dict, where, "an object")
+    if meta is not None:
+        for key in ("name", "namespace", "generateName", "uid", "resourceVersion"):
+            _optional(meta, key, str, f"{where}.metadata", "a string")
+        strict = kind not in _POD_TEMPLATE_PATHS
+        _string_map(meta, "labels", f"{where}.metadata", strict)
+        _string_map(meta, "annotations", f"{where}.metadata", strict)
+        refs = _optional(meta, "ownerReferences", list, f"{where}.metadata", "a list")
+        for i, ref in enumerate(refs or ()):
+            _expect(ref, dict, f"{where}.metadata.ownerReferences[{i}]", "an object")
+    if kind == "ConfigMap":
+        _string_map(obj, "data", where)
+    if kind in _POD_TEMPLATE_PATHS:
+        node: Any = obj
+        path = where
+        for key in _POD_TEMPLATE_PATHS[kind]:
+            node = _optional(node, key, dict, path, "an object")
+            path = f"{path}.{key}"
+            if node is None:
+                return
+        if kind != "Pod":
+            tmeta = _optional(node, "metadata", dict, path, "an object")
+            if tmeta is not None:
+                _string_map(tmeta, "labels", f"{path}.metadata", strict=False)
+                _string_map(tmeta, "annotations", f"{path}.metadata", strict=False)
+        spec = _optional(node, "spec", dict, path, "an object")
+        if spec is not None:
+            _check_pod_spec(spec, f"{path}.spec")
+    else:
+        _optional(obj, "spec", dict, where, "an object")
+
+
+def _check_pod_spec(spec: Mapping[str, Any], where: str) -> None:
+    _optional(spec, "priorityClassName", str, where, "a string")
+    for key in ("containers", "initContainers"):
+        for i, container in enumerate(_optional(spec, key, list, where, "a list") or ()):
+            at = f"{where}.{key}[{i}]"
+            _expect(container, dict, at, "an object")
+            resources = _optional(container, "resources", dict, at, "an object")
+            for section in ("limits", "requests"):
+                amounts = _optional(resources or {}, section, dict, f"{at}.resources", "a map of quantities")
+                for name, amount in (amounts or {}).items():
+                    if not isinstance(amount, str | int | float) or isinstance(amount, bool):
+                        raise _Shape(
+                            f"{at}.resources.{section}[{shorten(repr(name), 80)}]: must be a quantity, "
+                            f"got {_type_name(amount)}"
+                        )
+    affinity = _optional(spec, "affinity", dict, where, "an object")
+    node_affinity = _optional(affinity or {}, "nodeAffinity", dict, f"{where}.affinity", "an object")
+    at = f"{where}.affinity.nodeAffinity"
+    required = _optional(node_affinity or {}, "requiredDuringSchedulingIgnoredDuringExecution", dict, at, "an object")
+    at = f"{at}.requiredDuringSchedulingIgnoredDuringExecution"
+    for i, term in enumerate(_optional(required or {}, "nodeSelectorTerms", list, at, "a list") or ()):
+        term_at = f"{at}.nodeSelectorTerms[{i}]"
+        _expect(term, dict, term_at, "an object")
+        for j, expression in enumerate(_optional(term, "matchExpressions", list, term_at, "a list") or ()):
+            expr_at = f"{term_at}.matchExpressions[{j}]"
+            _expect(expression, dict, expr_at, "an object")
+            _optional(expression, "key", str, expr_at, "a string")
+            _optional(expression, "operator", str, expr_at, "a string")
+            for k, value in enumerate(_optional(expression, "values", list, expr_at, "a list") or ()):
+                _expect(value, str, f"{expr_at}.values[{k}]", "a string")
+
+
 def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {
             "code": decision.code,
-            "message": decision.message,
+            "message": shorten(decision.message, MAX_MESSAGE_CHARS),
             "reason": decision.reason,
             "status": "Failure",
         }
@@ -127,9 +264,9 @@ def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(dumps(list(decision.patch))).decode()
     if decision.warnings:
-        response["warnings"] = list(decision.warnings)
+        response["warnings"] = [shorten(w, MAX_WARNING_CHARS) for w in decision.warnings]
     if decision.audit:
-        response["auditAnnotations"] = dict(decision.audit)
+        response["auditAnnotations"] = {k: shorten(v, MAX_AUDIT_CHARS) for k, v in decision.audit.items()}
     return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
 
 

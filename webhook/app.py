@@ -17,13 +17,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook.admission import BadReview, build_response, dumps, parse_review
+from webhook.admission import BadReview, build_response, dumps, object_errors, parse_review
 from webhook.core.decision import Decision
 from webhook.core.guard import GuardConfig, Identities, validate_settings_request
-from webhook.core.scheduling import mutate_pod
+from webhook.core.scheduling import mutate_pod, request_namespace
 from webhook.core.validation import validate_pod
 from webhook.core.workloads import validate_workload
-from webhook.metrics import ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
+from webhook.metrics import ADMISSION_INTERNAL_ERRORS, ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,17 @@ ReadinessCheck = Callable[[], str | None]  # None when ready, else what is missi
 class ServerStatus:
     draining: bool = False
     readiness: list[ReadinessCheck] = field(default_factory=list)
+    # Problems that do not stop serving (settings refused, the last good ones serve): shown in
+    # /readyz either way, so a probe's detail tells an operator what to fix.
+    problems: list[ReadinessCheck] = field(default_factory=list)
 
     def not_ready(self) -> list[str]:
         missing = ["shutting down"] if self.draining else []
         missing.extend(r for check in self.readiness if (r := check()) is not None)
         return missing
+
+    def current_problems(self) -> list[str]:
+        return [p for check in self.problems if (p := check()) is not None]
 
 
 STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
@@ -97,11 +103,29 @@ def _json_error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
-def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+def rules_read(state: ClusterState) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether the rules read this request's object: anything in a project namespace, and the
+    namespaces and ConfigMaps the settings guard judges. Only then is an odd field refused; other
+    objects pass as the rules would pass them (S6), odd or not."""
+
+    def check(review: Mapping[str, Any]) -> bool:
+        kind = review.get("kind")
+        if isinstance(kind, dict) and kind.get("kind") in ("Namespace", "ConfigMap"):
+            return True
+        namespace = state.namespaces.get(request_namespace(review))
+        return namespace is not None and namespace.is_project
+
+    return check
+
+
+def admission_route(
+    endpoint: str, handler: AdmissionHandler, reads_object: Callable[[Mapping[str, Any]], bool] = lambda _: True
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     # Bound once: `labels()` per request showed up as several percent of a request in profiles.
     # It also exports every series at zero from the start, as Prometheus recommends.
     counted = {o: ADMISSION_REQUESTS.labels(endpoint, o) for o in ("allowed", "patched", "denied", "bad_request")}
     latency = ADMISSION_LATENCY.labels(endpoint)
+    internal_errors = ADMISSION_INTERNAL_ERRORS.labels(endpoint)
 
     async def route(request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -119,9 +143,14 @@ def admission_route(endpoint: str, handler: AdmissionHandler) -> Callable[[web.R
             counted["bad_request"].inc()
             return _json_error(exc.status, exc.reason)
         try:
-            decision = await handler(review)
+            problem = object_errors(review) if reads_object(review) else None
+            if problem is not None:
+                decision = Decision.deny(f"cannot read the object: {problem}", 400, "BadRequest")
+            else:
+                decision = await handler(review)
         except Exception:
             # A bug must not turn into a traceback for the apiserver; refuse this one and keep serving.
+            internal_errors.inc()
             log.exception("admission handler %s failed for uid %s", endpoint, review.get("uid"))
             decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
         outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
@@ -154,10 +183,14 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    missing = request.app[SERVER_KEY].not_ready()
+    status = request.app[SERVER_KEY]
+    missing = status.not_ready()
+    body: dict[str, Any] = {"ready": not missing}
     if missing:
-        return web.json_response({"ready": False, "waiting_for": missing}, status=503)
-    return web.json_response({"ready": True})
+        body["waiting_for"] = missing
+    if problems := status.current_problems():
+        body["problems"] = problems
+    return web.json_response(body, status=503 if missing else 200)
 
 
 async def metrics(_: web.Request) -> web.Response:
@@ -174,17 +207,25 @@ def create_app(
     """The application. `handlers` maps admission paths to handlers; defaults cover the rest."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json])
     app[STATE_KEY] = state
-    server_status = ServerStatus(readiness=[_caches_ready(state), *readiness])
+    server_status = ServerStatus(readiness=[_caches_ready(state), *readiness], problems=[_settings_problem(state)])
     app[SERVER_KEY] = server_status
     chosen = default_handlers(state, GuardConfig(install_namespace=state.install_namespace))
     chosen.update(handlers or {})
     for path, handler in chosen.items():
-        app.router.add_post(path, admission_route(path.strip("/").replace("/", "_"), handler))
+        app.router.add_post(path, admission_route(path.strip("/").replace("/", "_"), handler, rules_read(state)))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_routes(list(routes))
     return app
+
+
+def _settings_problem(state: ClusterState) -> ReadinessCheck:
+    def check() -> str | None:
+        error = state.snapshot().settings_error
+        return None if error is None else f"settings ConfigMap refused, the last good settings serve: {error}"
+
+    return check
 
 
 def _caches_ready(state: ClusterState) -> ReadinessCheck:

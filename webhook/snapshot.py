@@ -7,11 +7,14 @@ consistent view without copying.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.settings import ClusterSettings
+
+log = logging.getLogger(__name__)
 
 # Namespace keys (DESIGN §2).
 PROJECT_LABEL = "hopsworks.ai/project"
@@ -67,11 +70,21 @@ class NamespaceInfo:
         meta = obj.get("metadata") or {}
         return cls(
             name=meta.get("name", ""),
-            labels=dict(meta.get("labels") or {}),
-            annotations={k: str(v) for k, v in (meta.get("annotations") or {}).items()},
+            labels=_strings(meta, "labels"),
+            annotations=_strings(meta, "annotations"),
             deleting=bool(meta.get("deletionTimestamp")),
             resource_version=str(meta.get("resourceVersion") or ""),
         )
+
+
+def _strings(meta: Mapping[str, Any], key: str) -> dict[str, str]:
+    """Labels or annotations, keeping only string values: an apiserver stores nothing else, and a
+    value of another type (a 5,000-digit number, deep nesting) must not block the project's pods."""
+    values = meta.get(key) or {}
+    kept = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, str)}
+    if len(kept) != len(values):
+        log.warning("namespace %.100s: %s that are not strings ignored", meta.get("name"), key)
+    return kept
 
 
 @dataclass(frozen=True, slots=True)

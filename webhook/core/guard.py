@@ -41,6 +41,10 @@ _DEPARTMENT_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # so it must be both a label value and a DNS subdomain.
 _QUEUE_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 
+# A project's subset and defaults are a few hundred characters; a bound keeps a hostile annotation
+# from costing parse time on every pod of the project.
+MAX_SCHEDULING_ANNOTATION_CHARS = 16 * 1024
+
 _AVAILABLE_KEYS = ("affinity", "antiAffinity", "priorityClasses", "queues")
 _DEFAULTS_KEYS = ("affinity", "antiAffinity", "priorityClass", "queue", "topology")
 
@@ -166,10 +170,19 @@ def _load_json_object(annotations: Mapping[str, str], key: str, problems: _Probl
     raw = annotations.get(key)
     if raw is None or raw.strip() == "":
         return {}
+    if len(raw) > MAX_SCHEDULING_ANNOTATION_CHARS:
+        problems.errors.append(
+            f"{key}: {len(raw)} characters, more than the limit of {MAX_SCHEDULING_ANNOTATION_CHARS}"
+        )
+        return {}
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         problems.errors.append(f"{key}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+        return {}
+    except (ValueError, RecursionError) as exc:
+        # A number past Python's digit limit, or nesting past the stack: not what this annotation holds.
+        problems.errors.append(f"{key}: cannot be read: {type(exc).__name__}: {str(exc)[:100]}")
         return {}
     if not isinstance(value, dict):
         problems.errors.append(f"{key}: must be a JSON object, got {type(value).__name__}")
@@ -425,7 +438,9 @@ def _flags_of(data: Mapping[str, Any] | None, fallback: ClusterSettings) -> Clus
         return ClusterSettings.from_configmap_data(data)
     except SettingsError:
         pass
-    flags = {k: v for k, v in (data or {}).items() if k in ("run_ai_enable", "kueue_installed")}
+    if not isinstance(data, Mapping):
+        return fallback
+    flags = {k: v for k, v in data.items() if k in ("run_ai_enable", "kueue_installed")}
     try:
         return ClusterSettings.from_configmap_data(flags)
     except SettingsError:

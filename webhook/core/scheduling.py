@@ -6,10 +6,11 @@ the settings in it, and returns a Decision with the minimal JSON patch. It never
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from webhook.core.decision import Decision
 from webhook.core.kinds import classify_workload, controller_owner
@@ -87,14 +88,23 @@ def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarg
     )
 
 
+# A choice of node labels is a few hundred characters; the bound keeps a hostile annotation (the
+# apiserver allows 256 KiB) from costing parse time, memory and audit log space.
+MAX_CHOICE_CHARS = 4096
+
+
 def parse_label_list(raw: Any) -> list[str]:
-    """`a=b, c=d` -> ["a=b", "c=d"]. Raises ValueError naming the bad entry."""
-    items = [item.strip() for item in str(raw).split(",")]
+    """`a=b, c=d` -> ["a=b", "c=d"], duplicates dropped. Raises ValueError naming the bad entry."""
+    if not isinstance(raw, str):
+        raise ValueError(f"must be a string, got {type(raw).__name__}")
+    if len(raw) > MAX_CHOICE_CHARS:
+        raise ValueError(f"{len(raw)} characters, more than the limit of {MAX_CHOICE_CHARS}")
+    items = list(dict.fromkeys(item.strip() for item in raw.split(",")))
     items = [item for item in items if item]
     for item in items:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{item!r} is not a key=value node label")
+            raise ValueError(f"{item[:100]!r} is not a key=value node label")
     return items
 
 
@@ -184,31 +194,24 @@ def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -
 def _grouped(labels: Sequence[str], operator: str) -> list[dict[str, Any]]:
     """key=value labels -> one expression per key (values of one key ORed by `In`/`NotIn`).
     Fresh dicts every call: they end up in a patch, which its reader may change."""
-    return [{"key": key, "operator": operator, "values": list(values)} for key, values in _group_by_key(tuple(labels))]
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_by_key(labels: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    # Nearly every pod of a project gets the same defaults, so the grouping is parsed once.
-    by_key: dict[str, list[str]] = {}
+    # No cache: the labels are a few allowed ones, and a cache keyed by them would be keyed by
+    # what the pod wrote.
+    by_key: dict[str, dict[str, None]] = {}
     for label in labels:
         key, _, value = label.partition("=")
-        values = by_key.setdefault(key.strip(), [])
-        if value.strip() not in values:
-            values.append(value.strip())
-    return tuple((k, tuple(v)) for k, v in by_key.items())
+        by_key.setdefault(key.strip(), {})[value.strip()] = None
+    return [{"key": key, "operator": operator, "values": list(values)} for key, values in by_key.items()]
 
 
-def _same_expression(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return (
-        a.get("key") == b.get("key")
-        and a.get("operator") == b.get("operator")
-        and sorted(a.get("values") or ()) == sorted(b.get("values") or ())
-    )
-
-
-def _contains(expressions: Sequence[Mapping[str, Any]], wanted: Mapping[str, Any]) -> bool:
-    return any(_same_expression(e, wanted) for e in expressions)
+def _expression_key(expression: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What makes two expressions the same (values in any order); None when it cannot be ours."""
+    values = expression.get("values") or ()
+    if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+        return None
+    key, operator = expression.get("key"), expression.get("operator")
+    if not isinstance(key, str) or not isinstance(operator, str):
+        return None
+    return (key, operator, tuple(sorted(values)))
 
 
 def _inject_node_affinity(
@@ -232,37 +235,52 @@ def _inject_node_affinity(
     existing = required.get("nodeSelectorTerms")
     own_terms = [t for t in existing if isinstance(t, dict)] if isinstance(existing, list) else []
 
+    limit = settings.scheduler.max_node_selector_terms
+    if len(own_terms) > limit:
+        # Every own term stays at least one term, so this is refused before any work that grows
+        # with the terms (10,000 of them took seconds of event loop when de-duplicated first).
+        return (
+            f"the pod's required node affinity has {len(own_terms)} terms, more than the limit of {limit}: "
+            "simplify the pod's nodeAffinity"
+        )
+
     new_terms: list[dict[str, Any]] = []
     if not own_terms:
         # The common case, a pod without required node affinity: one term per affinity key, each
         # with every exclusion (keys are distinct, so nothing to deduplicate).
         new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
+    made: set[bytes] = set()
+    ours = [_expression_key(x) for x in excluded]
+    group_keys = [_expression_key(g) for g in groups if g is not None]
     for term in own_terms:
         expressions = [e for e in term.get("matchExpressions") or () if isinstance(e, dict)]
-        satisfied = all(_contains(expressions, x) for x in excluded) and (
-            groups == [None] or any(_contains(expressions, g) for g in groups if g is not None)
-        )
+        present = {k for e in expressions if (k := _expression_key(e)) is not None}  # linear, not pairwise
+        satisfied = all(k in present for k in ours) and (groups == [None] or any(k in present for k in group_keys))
         if satisfied:
             new_terms.append(dict(term))
             continue
         for group in groups:
             combined = list(expressions)
+            seen = set(present)
             for expression in ([group] if group else []) + excluded:
-                if not _contains(combined, expression):
+                key = _expression_key(expression)
+                if key not in seen:
+                    seen.add(key)
                     combined.append(expression)
             new_term = dict(term)
             new_term["matchExpressions"] = combined
-            if new_term not in new_terms:
+            identity = orjson.dumps(new_term, option=orjson.OPT_SORT_KEYS)  # hashed: no pairwise compare
+            if identity not in made:
+                made.add(identity)
                 new_terms.append(new_term)
 
     if own_terms and new_terms == own_terms:
         return None
-    limit = settings.scheduler.max_node_selector_terms
     if len(new_terms) > limit:
         return (
             f"the pod's required node affinity has {len(own_terms)} terms; combined with "
-            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than "
-            f"the limit of {limit}: simplify the pod's nodeAffinity or choose fewer affinity labels"
+            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than the limit of {limit}: "
+            "simplify the pod's nodeAffinity or choose fewer affinity labels"
         )
 
     if not isinstance(target.spec.get("affinity"), dict):
