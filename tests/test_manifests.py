@@ -423,10 +423,13 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     assert sc["runAsUser"] == pod["securityContext"]["runAsUser"]
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
 
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"), ("startupProbe", "/readyz")):
         get = c[probe]["httpGet"]
         assert (get["path"], get["scheme"]) == (path, "HTTPS")
         assert get["port"] in ("https", 8443)
+    # Issue 10.6: the first lists of a large cluster take minutes; liveness must not cut them short.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
 
     spread = pod.get("topologySpreadConstraints") or []
     anti = (pod.get("affinity") or {}).get("podAntiAffinity")

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import namespace, priority_class, settings_configmap
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
-from webhook.app import StartupError
 from webhook.metrics import REGISTRY
+from webhook.settings import SETTINGS_CONFIGMAP
 
 
 def request_path_calls() -> float:
@@ -88,8 +88,90 @@ async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
         await runtime.shutdown()
 
 
-async def test_serve_refuses_to_start_with_kueue_and_runai_both_on(tmp_path: Path, emulator: KubeEmulator) -> None:
-    emulator.put_object(settings_configmap(run_ai_enable=True, kueue_installed=True))
-    with pytest.raises(StartupError, match="cannot both be true"):
-        runtime, _, _ = await start_runtime(tmp_path, emulator)
+def stored_settings(case: str) -> dict[str, Any]:
+    if case == "kueue-and-runai":
+        return settings_configmap(run_ai_enable=True, kueue_installed=True)
+    stored = settings_configmap(run_ai_enable=True)
+    stored["data"]["scheduler"] = {
+        "5000-digit-number": "maxNodeSelectorTerms: " + "9" * 5_000,
+        "deep-yaml": "available: " + "[" * 100_000,
+    }[case]
+    return stored
+
+
+@pytest.mark.parametrize("case", ["kueue-and-runai", "5000-digit-number", "deep-yaml"])
+async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
+    tmp_path: Path, emulator: KubeEmulator, case: str
+) -> None:
+    # Issue 10.6: `serve` exited 2 on a stored Kueue + Run:ai conflict, and a 5,000-digit number or
+    # deep YAML kept the settings cache from ever syncing; the fail-closed settings webhook then
+    # refused the edit that would fix it. Now: ready on the defaults, the problem reported, and
+    # the fixing edit let through.
+    stored = stored_settings(case)
+    emulator.put_object(stored)
+    runtime, options, certs = await start_runtime(tmp_path, emulator)
+    base = base_url(options)
+    try:
+        assert runtime.state.ready()
+        assert not runtime.state.settings.run_ai_enable and not runtime.state.settings.kueue_installed  # defaults
+        async with apiserver_session(certs) as session:
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+                problems = (await resp.json())["problems"]
+            assert len(problems) == 1 and "settings ConfigMap refused" in problems[0]
+            async with session.get(f"{base}/metrics") as resp:
+                assert "webhook_settings_rejected 1.0" in await resp.text()
+
+            fixed = settings_configmap(run_ai_enable=True)  # what the admin writes to repair it
+            edit = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "fix-settings",
+                    "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                    "operation": "UPDATE",
+                    "name": SETTINGS_CONFIGMAP,
+                    "namespace": "hopsworks",
+                    "userInfo": {"username": "platform-admin"},  # not an installer
+                    "object": fixed,
+                    "oldObject": stored,
+                },
+            }
+            async with session.post(f"{base}/validate/settings", json=edit) as resp:
+                response = (await resp.json())["response"]
+            assert response["allowed"], response
+        emulator.put_object(fixed)
+        await eventually(lambda: runtime.state.settings.run_ai_enable)
+        assert runtime.state.snapshot().settings_error is None
+    finally:
+        await runtime.shutdown()
+
+
+async def test_serve_listens_before_a_slow_first_list_and_is_ready_after_it(
+    tmp_path: Path, emulator: KubeEmulator
+) -> None:
+    # Issue 10.6: the server listened only once every cache had listed (up to 60 s, then anyway).
+    # Now it listens at once and /readyz says what it waits for until the lists are done.
+    emulator.list_latency["/api/v1/pods"] = 120.0  # until released below
+    runtime, options, certs = await start_runtime(tmp_path, emulator, wait_ready_s=None)
+    base = base_url(options)
+    try:
+        async with apiserver_session(certs) as session:
+            async with session.get(f"{base}/healthz") as resp:
+                assert resp.status == 200
+            async with session.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+                assert "caches: Pod" in (await resp.json())["waiting_for"]
+            emulator.list_latency.clear()  # the list completes
+
+            async def ready() -> bool:
+                async with session.get(f"{base}/readyz") as resp:
+                    return resp.status == 200
+
+            for _ in range(400):
+                if await ready():
+                    break
+                await asyncio.sleep(0.025)
+            assert await ready()
+    finally:
         await runtime.shutdown()

@@ -192,6 +192,11 @@ class Reconciler:
         return report
 
     async def _full_pass(self) -> None:
+        if self.state.synced and not self.state.ready():
+            # The server listens before its first lists end; a pass over half-listed caches
+            # would see namespaces as missing. Look again shortly.
+            self._next_pass = time.monotonic() + 0.5
+            return
         report = await self.pass_once()
         self.passes += 1
         if report.unavailable:

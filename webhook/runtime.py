@@ -90,9 +90,10 @@ class Runtime:
             raise
 
     async def _start(self) -> None:
+        # Settings that cannot be used (G1 conflict, a value that does not parse) never stop the
+        # start: the last good settings, or the defaults, serve and /readyz, /metrics and the log
+        # say why, so the settings webhook is up to let the fixing edit through.
         await self._start_state()
-        if self.state.settings_conflict:
-            raise StartupError(self.state.settings_conflict)
         from webhook.tls import CertWatcher
 
         certs = CertWatcher(
@@ -111,7 +112,6 @@ class Runtime:
         if self.api_client is not None:
             extra_handlers, routes = await self._start_cluster_parts(self.api_client)
             handlers.update(extra_handlers)
-            await self._wait_for_caches(within_s=60)
         self.app = create_app(
             self.state,
             handlers=handlers,
@@ -145,8 +145,8 @@ class Runtime:
         watcher = KubeWatcher(self.state, self.api_client, self.options.namespace)
         await watcher.start()
         self._stoppers.append(watcher)
-        # The G1 check below needs the settings; the apiserver is local, so this is quick.
-        await watcher.wait_synced(within_s=60)
+        # No wait for the first lists: the server listens at once and /readyz says which caches
+        # are still listing (a large cluster's first pod list can take minutes; see startupProbe).
 
     async def _start_cluster_parts(
         self, api_client: ApiClient
@@ -209,15 +209,6 @@ class Runtime:
             *console_routes(Console(views, gpu_auth, sign_in=gpu_auth.authenticate, actor=admin_auth, mover=mover)),
         ]
         return handlers, routes
-
-    async def _wait_for_caches(self, within_s: float) -> None:
-        # Serving before the first lists would only answer 503 on /readyz; a bounded wait keeps the
-        # logs quiet, and readiness still tells the truth if the apiserver is slow.
-        step = 0.05
-        for _ in range(int(within_s / step)):
-            if self.state.ready():
-                return
-            await asyncio.sleep(step)
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""

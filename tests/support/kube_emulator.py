@@ -502,6 +502,10 @@ class KubeEmulator:
         # True: a too-old watch gets 200 and an ERROR event (the watch cache); False: HTTP 410.
         self.gone_in_stream = gone_in_stream
         self.latency = 0.0  # seconds added to every request
+        # Seconds added to every list (a GET without watch=true) whose path starts with the key:
+        # a large cluster's slow first list, e.g. {"/api/v1/pods": 5.0}. Read while waiting, so
+        # removing the entry lets the lists under way finish at once.
+        self.list_latency: dict[str, float] = {}
         self.requests: list[RecordedRequest] = []
         self.users: dict[str, User] = {}  # token -> user, for TokenReview
         self.rules: list[AccessRule] = []  # for SubjectAccessReview, unless `authorizer` is set
@@ -1005,6 +1009,9 @@ class KubeEmulator:
                 state[key] = event.old
         return [state[k] for k in sorted(state)]
 
+    def _list_latency(self, path: str) -> float:
+        return max((d for prefix, d in self.list_latency.items() if path.startswith(prefix)), default=0.0)
+
     # -- HTTP --------------------------------------------------------------------------------------
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
@@ -1019,6 +1026,12 @@ class KubeEmulator:
         self.requests.append(RecordedRequest(request.method, request.path, dict(request.query), body))
         if self.latency:
             await asyncio.sleep(self.latency)
+        if request.method == "GET" and request.query.get("watch") not in ("true", "1"):
+            started = time.monotonic()
+            for _ in range(1_000_000):  # polled: the entry can be removed meanwhile
+                if time.monotonic() - started >= self._list_latency(request.path):
+                    break
+                await asyncio.sleep(0.01)
         for fault in self._faults:
             if fault.remaining > 0 and (fault.path_prefix is None or request.path.startswith(fault.path_prefix)) and (
                 fault.method is None or fault.method == request.method

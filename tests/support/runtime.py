@@ -8,6 +8,7 @@ await runtime.shutdown()
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,12 @@ def write_kubeconfig(path: Path, url: str, token: str) -> Path:
     return path
 
 
-async def start_runtime(tmp_path: Path, emu: KubeEmulator, **options: Any) -> tuple[Runtime, ServeOptions, CertFiles]:
+async def start_runtime(
+    tmp_path: Path, emu: KubeEmulator, *, wait_ready_s: float | None = 10.0, **options: Any
+) -> tuple[Runtime, ServeOptions, CertFiles]:
     """`serve` with no state folder, reading the emulator through a kubeconfig; `options` are
-    further ServeOptions (e.g. `runai_secret_dir`)."""
+    further ServeOptions (e.g. `runai_secret_dir`). The server listens before its caches have
+    listed; this waits until they have (`wait_ready_s=None`: return as soon as it listens)."""
     certs = make_cert_files(tmp_path / "certs")
     serve = ServeOptions(
         host=LOOPBACK,
@@ -61,6 +65,11 @@ async def start_runtime(tmp_path: Path, emu: KubeEmulator, **options: Any) -> tu
     )
     runtime = Runtime(serve)
     await runtime.start()
+    if wait_ready_s is not None:
+        for _ in range(int(wait_ready_s / 0.02)):
+            if runtime.state.ready():
+                break
+            await asyncio.sleep(0.02)
     return runtime, serve, certs
 
 

@@ -57,8 +57,6 @@ class ClusterState:
         )
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
         self.synced: dict[str, bool] = {}
-        # G1: the last settings ConfigMap seen turned both Kueue and Run:ai on (and was not applied).
-        self.settings_conflict: str | None = None
         self.listeners: list[Listener] = []
 
     # -- views -------------------------------------------------------------------------------
@@ -197,7 +195,7 @@ class ClusterState:
             self._snapshot.settings_error = str(exc)
             SETTINGS_REJECTED.set(1)
             return
-        self.settings_conflict = conflict = settings.exclusion_error()
+        conflict = settings.exclusion_error()
         if conflict:
             # G1: never act on both; keep what was in force and report it.
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", conflict)
