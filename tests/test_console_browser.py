@@ -83,6 +83,8 @@ class Served:
 async def _serve(options: ServeOptions, certs: CertFiles, browser: Browser) -> Served:
     runtime = Runtime(options)
     await runtime.start()
+    # The server listens before its caches have listed; serve the pages once it is ready.
+    await wait_until(runtime.state.ready, within=20, what="caches listed")
     base = f"https://localhost:{options.port}"
     page = Page(browser, base)
     await page.run(browser.driver.delete_all_cookies)
