@@ -5,7 +5,8 @@ through the real RunaiClient, and the Python client."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,8 +20,9 @@ from tests.support.cluster import cluster_state, namespace
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
+from webhook.admin_api import admin_routes, authorize_with
 from webhook.app import create_app
-from webhook.auth import KubeAuthorizer
+from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.client import (
     Forbidden,
     GpuApiError,
@@ -100,6 +102,16 @@ def _protocol_check(directory: StandinDirectory) -> RunaiDirectoryView:
     return directory  # a type checker proves the stand-in directory satisfies the Protocol
 
 
+class UnreachableMover:
+    """The admin routes' mover, for tests that never get past authentication."""
+
+    async def move_project(self, namespace: str, department: str | None, *, requested_by: str = "") -> Any:
+        raise AssertionError("an unauthenticated request reached the mover")
+
+    async def delete_department(self, name: str, *, requested_by: str = "") -> Any:
+        raise AssertionError("an unauthenticated request reached the mover")
+
+
 @dataclass
 class Env:
     kube: KubeEmulator
@@ -109,15 +121,21 @@ class Env:
     clock: Clock
     start: StartHttpsServer
     api_clients: list[ApiClient] = field(default_factory=list)
+    authorizer: KubeAuthorizer | None = None
 
-    async def server(self, directory: RunaiDirectoryView | None = None, **kwargs: Any) -> HttpsServer:
-        """A GPU API server over `directory` (default: the refreshed stand-in directory)."""
+    async def server(
+        self, directory: RunaiDirectoryView | None = None, auth: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> HttpsServer:
+        """A GPU API server over `directory` (default: the refreshed stand-in directory), with the
+        admin API's routes behind the same kind of authorizer; `auth`: KubeAuthorizer options."""
         api_client = self.kube.api_client()  # the webhook's own ServiceAccount token
         self.api_clients.append(api_client)
-        authorizer = KubeAuthorizer(
-            KubeApi(api_client, "hopsworks"), admin_groups=["hopsworks:admins"], clock=self.clock
-        )
+        kube = KubeApi(api_client, "hopsworks")
+        authorizer = KubeAuthorizer(kube, admin_groups=["hopsworks:admins"], clock=self.clock, **(auth or {}))
+        self.authorizer = authorizer
         routes = gpu_api_routes(self.state, directory or self.directory, authorizer, clock=self.clock, **kwargs)
+        admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"), **(auth or {}))
+        routes += admin_routes(UnreachableMover(), authorize_with(admin_auth))
         return await self.start(create_app(self.state, routes=routes))
 
 
@@ -217,6 +235,93 @@ async def test_no_or_invalid_token_is_401(env: Env) -> None:
     ) as resp:
         assert resp.status == 401
     assert (await get(srv, "/api/v1/admin/runai"))[0] == 401
+
+
+AUTH_PATHS = (
+    ("GET", "/api/v1/projects/churn/gpu"),
+    ("GET", "/api/v1/admin/runai"),
+    ("POST", "/api/v1/admin/projects/churn/move"),
+    ("DELETE", "/api/v1/admin/departments/research"),
+)
+
+
+async def raw_call(srv: HttpsServer, method: str, path: str, authorization: bytes) -> tuple[int, bytes]:
+    """One request with an Authorization header of any bytes (aiohttp's client sends only text)."""
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", srv.port, ssl=srv.client_ssl_context(), server_hostname=srv.hostname
+    )
+    try:
+        head = f"{method} {path} HTTP/1.1\r\nHost: {srv.hostname}\r\nContent-Length: 2\r\n".encode()
+        writer.write(head + b"Content-Type: application/json\r\nAuthorization: " + authorization + b"\r\n\r\n{}")
+        await writer.drain()
+        status_line = await reader.readline()
+        body = await reader.read(65536)
+        return int(status_line.split()[1]), body
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        "Bearer tökén".encode(),
+        b"Bearer \xff\xfe\x80",
+        b"Bearer a b",
+        b"Bearer " + b"a" * 20_000,
+        b"Bearer \x01\x02",
+    ],
+    ids=["utf8", "latin1", "space", "oversized", "control"],
+)
+async def test_a_malformed_bearer_token_is_401_on_every_auth_endpoint(env: Env, authorization: bytes) -> None:
+    srv = await env.server()
+    for method, path in AUTH_PATHS:
+        status, body = await raw_call(srv, method, path, authorization)
+        assert status in (400, 401, 431), (path, status, body)  # 400/431: the header line itself refused
+        assert b"Traceback" not in body
+    assert not env.kube.calls("POST", TOKEN_REVIEWS), "a malformed token is never sent for review"
+
+
+async def test_a_hanging_apiserver_makes_a_bounded_503(env: Env) -> None:
+    srv = await env.server(auth={"review_timeout_s": 0.5})
+    env.kube.slow_next(1, 40.0, path_prefix=TOKEN_REVIEWS)
+    started = time.monotonic()
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert (status, body["code"]) == (503, "AuthUnavailable")
+    assert time.monotonic() - started < 5.0  # not the 40 s the apiserver takes
+    env.kube.slow_next(1, 40.0, path_prefix=SARS)
+    started = time.monotonic()
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 503
+    assert time.monotonic() - started < 5.0
+
+
+async def test_a_503_tells_an_unauthenticated_caller_nothing_of_the_apiserver(env: Env) -> None:
+    srv = await env.server()
+    for method, path in AUTH_PATHS:
+        env.kube.fail_next(1, 500, path_prefix=TOKEN_REVIEWS)
+        async with srv.session.request(
+            method, srv.url(path), json={}, headers={"Authorization": "Bearer unknown-token"}
+        ) as resp:
+            text = await resp.text()
+            assert resp.status == 503, (path, text)
+            assert "injected fault" not in text and "500" not in text, text
+
+
+async def test_concurrent_requests_with_one_token_make_one_token_review(env: Env) -> None:
+    srv = await env.server()
+    env.kube.slow_next(1, 0.3, path_prefix=TOKEN_REVIEWS)  # the first review is slow: the rest arrive meanwhile
+    statuses = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", "unknown-token") for _ in range(20)))
+    assert [s[0] for s in statuses] == [401] * 20
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 1
+    assert env.authorizer is not None and len(env.authorizer._token_reviews) == 0  # the table empties
+
+
+async def test_the_table_of_reviews_in_flight_is_bounded(env: Env) -> None:
+    srv = await env.server(auth={"max_in_flight": 4})
+    env.kube.slow_next(10, 0.5, path_prefix=TOKEN_REVIEWS)
+    answers = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", f"token-{i}") for i in range(10)))
+    statuses = sorted(a[0] for a in answers)
+    assert statuses.count(401) == 4 and statuses.count(503) == 6, statuses
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 4
 
 
 async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:

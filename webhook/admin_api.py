@@ -20,6 +20,7 @@ from aiohttp import web
 
 from webhook import auth
 from webhook.kubeapi import KubeError
+from webhook.logsafe import log_safe
 from webhook.runai.client import RunaiError
 from webhook.runai.departments import DepartmentDeleteResult, MoveError, MoveResult, ProjectBusy
 
@@ -110,8 +111,9 @@ async def _authorize(request: web.Request, authorize: Authorize) -> str | web.Re
         if status in (401, 403):
             return _error(status, "Unauthorized" if status == 401 else "Forbidden", message)
         if status == 503 or isinstance(exc, KubeError | OSError | TimeoutError):
-            log.warning("admin API: cannot check the caller: %s", exc)
-            return _error(503, "Unavailable", f"cannot check the caller's token now: {message}")
+            # The caller is not authenticated: the reason stays in the log.
+            log.warning("admin API: cannot check the caller: %s", log_safe(message))
+            return _error(503, "Unavailable", "cannot check the caller's token now; retry shortly")
         raise
 
 

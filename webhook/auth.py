@@ -10,6 +10,12 @@ namespace — or membership of a configured group, for platform admins who are n
 Answers are cached briefly (bounded LRU, keyed by a hash of the token, never the token itself),
 so a UI polling the view does not put a TokenReview and a SubjectAccessReview on the apiserver
 per request. A revoked token or a removed RoleBinding takes effect within the TTL.
+
+Unauthenticated callers can reach all of this, so every cost is bounded: a token that is not a
+well-formed bearer token is refused before any review; each review has a timeout; concurrent
+requests with the same token (or the same access question) share one review, and the table of
+reviews in flight is bounded. A 503 says only that Kubernetes could not answer, never why: the
+apiserver's error text goes to the log.
 """
 
 from __future__ import annotations
@@ -17,17 +23,33 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
 from webhook.kubeapi import KubeError
+from webhook.logsafe import log_safe
 
 V = TypeVar("V")
+
+log = logging.getLogger(__name__)
+
+# RFC 6750 b64token, which service account JWTs and bootstrap tokens are; anything else (non-ASCII,
+# spaces, control characters) is refused before it is hashed or sent anywhere.
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+# A JWT of a service account with many audiences is a few KB; more is not a token.
+MAX_TOKEN_BYTES = 16 * 1024
+# A review is one small apiserver call; past this the apiserver is not answering, and the caller
+# gets a 503 at once instead of waiting with it (the GPU API's callers poll).
+REVIEW_TIMEOUT_S = 5.0
+# Distinct reviews in flight at once; past it, further ones are refused with 503 rather than queued.
+MAX_REVIEWS_IN_FLIGHT = 256
 
 
 class AuthError(Exception):
@@ -151,6 +173,43 @@ class TtlLru(Generic[V]):
 _UNAVAILABLE_ERRORS = (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 
+class Coalescer(Generic[V]):
+    """One call per key at a time: concurrent callers with the same key await the same result.
+
+    Keys are hashes (never a token). The table holds only calls in flight, at most `max_in_flight`;
+    a new key beyond that raises AuthUnavailable, so a flood of distinct tokens cannot queue work.
+    """
+
+    def __init__(self, max_in_flight: int = MAX_REVIEWS_IN_FLIGHT) -> None:
+        self.max_in_flight = max_in_flight
+        self._in_flight: dict[Any, asyncio.Future[V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    async def run(self, key: Any, call: Callable[[], Awaitable[V]]) -> V:
+        pending = self._in_flight.get(key)
+        if pending is None:
+            if len(self._in_flight) >= self.max_in_flight:
+                raise AuthUnavailable("too many authentication checks in progress; retry shortly")
+            pending = asyncio.ensure_future(call())
+            self._in_flight[key] = pending
+            pending.add_done_callback(lambda _: self._in_flight.pop(key, None))
+            # Nobody may be left to read an exception when every waiter was cancelled.
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # shield: one caller hanging up must not cancel the review the others wait for.
+        return await asyncio.shield(pending)
+
+
+def token_error(token: str) -> str | None:
+    """Why `token` cannot be a Kubernetes bearer token, or None."""
+    if len(token) > MAX_TOKEN_BYTES:
+        return f"malformed bearer token: longer than {MAX_TOKEN_BYTES} bytes"
+    if not _BEARER_TOKEN.fullmatch(token):
+        return "malformed bearer token: only letters, digits and -._~+/ (then =) are allowed"
+    return None
+
+
 class KubeAuthorizer:
     """TokenReview + SubjectAccessReview with a short cache. `kube` is usually a `KubeApi`."""
 
@@ -165,6 +224,8 @@ class KubeAuthorizer:
         negative_ttl_s: float = 5.0,
         max_entries: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        review_timeout_s: float = REVIEW_TIMEOUT_S,
+        max_in_flight: int = MAX_REVIEWS_IN_FLIGHT,
     ) -> None:
         self.kube = kube
         self.project_check = project_check
@@ -175,15 +236,20 @@ class KubeAuthorizer:
         self.negative_ttl_s = min(negative_ttl_s, ttl_s)
         self._tokens: TtlLru[Principal | str] = TtlLru(max_entries, clock)
         self._access: TtlLru[tuple[bool, str]] = TtlLru(max_entries, clock)
+        self.review_timeout_s = review_timeout_s
+        self._token_reviews: Coalescer[Principal | str] = Coalescer(max_in_flight)
+        self._access_reviews: Coalescer[tuple[bool, str]] = Coalescer(max_in_flight)
 
     async def authenticate(self, token: str | None) -> Principal:
         if not token:
             raise Unauthenticated("missing bearer token: send 'Authorization: Bearer <Kubernetes token>'")
+        malformed = token_error(token)
+        if malformed:
+            raise Unauthenticated(malformed)
         key = hashlib.sha256(token.encode()).hexdigest()
         cached = self._tokens.get(key)
         if cached is None:
-            cached = await self._review_token(token)
-            self._tokens.put(key, cached, self.ttl_s if isinstance(cached, Principal) else self.negative_ttl_s)
+            cached = await self._token_reviews.run(key, lambda: self._review_token(key, token))
         if isinstance(cached, str):
             raise Unauthenticated(cached)
         return cached
@@ -214,11 +280,19 @@ class KubeAuthorizer:
             f"{' or '.join(needs) or 'an administrator'}{_because(reason)}"
         )
 
-    async def _review_token(self, token: str) -> Principal | str:
+    async def _review_token(self, key: str, token: str) -> Principal | str:
         try:
-            review = await self.kube.token_review(token)
+            async with asyncio.timeout(self.review_timeout_s):
+                review = await self.kube.token_review(token)
         except _UNAVAILABLE_ERRORS as exc:
-            raise AuthUnavailable(f"cannot check the bearer token: Kubernetes API unavailable ({exc})") from None
+            log.warning("TokenReview failed: %s", log_safe(f"{type(exc).__name__}: {exc}", 300))
+            raise AuthUnavailable("cannot check the bearer token now: the Kubernetes API did not answer") from None
+        result = self._principal(review)
+        self._tokens.put(key, result, self.ttl_s if isinstance(result, Principal) else self.negative_ttl_s)
+        return result
+
+    @staticmethod
+    def _principal(review: Mapping[str, Any]) -> Principal | str:
         status = review.get("status") or {}
         user = status.get("user") or {}
         if not status.get("authenticated") or not user.get("username"):
@@ -243,10 +317,16 @@ class KubeAuthorizer:
         cached = self._access.get(key)
         if cached is not None:
             return cached
+        digest = hashlib.sha256(repr(key).encode(errors="backslashreplace")).hexdigest()
+        return await self._access_reviews.run(digest, lambda: self._review_access(key, principal, attributes))
+
+    async def _review_access(self, key: Any, principal: Principal, attributes: Mapping[str, str]) -> tuple[bool, str]:
         try:
-            review = await self.kube.subject_access_review(principal.as_sar_user(), attributes)
+            async with asyncio.timeout(self.review_timeout_s):
+                review = await self.kube.subject_access_review(principal.as_sar_user(), attributes)
         except _UNAVAILABLE_ERRORS as exc:
-            raise AuthUnavailable(f"cannot check access: Kubernetes API unavailable ({exc})") from None
+            log.warning("SubjectAccessReview failed: %s", log_safe(f"{type(exc).__name__}: {exc}", 300))
+            raise AuthUnavailable("cannot check access now: the Kubernetes API did not answer") from None
         status = review.get("status") or {}
         # `denied` wins over `allowed`, as in the apiserver's authorizer chain.
         allowed = bool(status.get("allowed")) and not status.get("denied")

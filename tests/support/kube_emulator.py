@@ -447,6 +447,7 @@ class _Fault:
     status: int
     path_prefix: str | None
     method: str | None
+    delay: float = 0.0  # seconds before answering; with status 0 the request then proceeds normally
 
 
 def _truthy(value: str | None) -> bool:
@@ -595,6 +596,12 @@ class KubeEmulator:
     ) -> None:
         """The next `n` requests (matching the path prefix and method, if given) fail with `status`."""
         self._faults.append(_Fault(n, status, path_prefix, method.upper() if method else None))
+
+    def slow_next(
+        self, n: int = 1, seconds: float = 40.0, path_prefix: str | None = None, method: str | None = None
+    ) -> None:
+        """The next `n` matching requests hang for `seconds`, then are answered normally."""
+        self._faults.append(_Fault(n, 0, path_prefix, method.upper() if method else None, seconds))
 
     def clear_faults(self) -> None:
         self._faults.clear()
@@ -1038,7 +1045,11 @@ class KubeEmulator:
             ):  # fmt: skip
                 fault.remaining -= 1
                 self._faults = [f for f in self._faults if f.remaining > 0]
-                return self._status_response(ApiError(fault.status, "injected fault"))
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)
+                if fault.status:
+                    return self._status_response(ApiError(fault.status, "injected fault"))
+                break
         if self.token is not None or self.rbac:
             auth = request.headers.get("Authorization", "")
             bearer = auth[7:] if auth.startswith("Bearer ") else None
