@@ -26,7 +26,7 @@ from webhook.core.guard import (
     validate_settings_change,
     validate_settings_request,
 )
-from webhook.settings import ClusterSettings
+from webhook.settings import DEFAULT_RUNAI_URL, ClusterSettings
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PriorityClassInfo
 
 FIXTURE = (
@@ -133,7 +133,8 @@ def configmap(data: dict[str, str], name: str = "hopsworks-cluster-settings", ns
 
 
 def cm_data(**flags: str) -> dict[str, str]:
-    return {"scheduler": SCHEDULER, "run_ai_url": "http://runai.example:8080", **flags}
+    # The shipped URL: a CREATE by a non-installer compares against the defaults.
+    return {"scheduler": SCHEDULER, "run_ai_url": DEFAULT_RUNAI_URL, **flags}
 
 
 def cm_request(
@@ -278,6 +279,29 @@ SETTINGS_CASES = [
     ("delete-no-oldobject-uses-cache", "DELETE", None, None, ADMIN, {"settings": RUNAI_ON},
      False, 403, ("true->false",), ()),
     ("delete-no-oldobject-runai-off", "DELETE", None, None, ADMIN, {}, True, 0, (), ()),
+    # Where the Run:ai client secret goes, and which one: the installation's, like run_ai_enable.
+    ("url-by-admin", "UPDATE", cm_data(run_ai_url="https://attacker.example"), OFF, ADMIN, {},
+     False, 403, ("cannot change run_ai_url", "helm upgrade", "kubernetes-admin"), ()),
+    ("url-by-admin-runai-on", "UPDATE", cm_data(run_ai_enable="true", run_ai_url="https://x.example"), ON, ADMIN,
+     {}, False, 403, ("run_ai_url",), ()),
+    ("client-id-by-admin", "UPDATE", cm_data(run_ai_client_id="other"), OFF, ADMIN, {},
+     False, 403, ("run_ai_client_id",), ()),
+    ("secret-ref-by-admin", "UPDATE",
+     cm_data(run_ai_client_secret_name="mine", run_ai_client_secret_key="k"), OFF, ADMIN, {},
+     False, 403, ("run_ai_client_secret_name, run_ai_client_secret_key",), ()),
+    ("url-on-create-by-admin", "CREATE", cm_data(run_ai_url="https://attacker.example"), None, ADMIN, {},
+     False, 403, ("run_ai_url",), ()),
+    ("url-by-own-identity", "UPDATE", cm_data(run_ai_url="https://x.example"), OFF, OWN, {},
+     False, 403, ("run_ai_url",), ()),
+    ("url-no-installers-configured", "UPDATE", cm_data(run_ai_url="https://x.example"), OFF, INSTALLER,
+     {"config": GuardConfig()}, False, 403, ("no installer identities are configured",), ()),
+    ("url-by-installer", "UPDATE", cm_data(run_ai_url="https://runai.other:8080"), OFF, INSTALLER, {},
+     True, 0, (), ()),
+    ("url-unchanged-other-key-by-admin", "UPDATE", cm_data(run_ai_project_gpu_quota="3"), OFF, ADMIN, {},
+     True, 0, (), ()),
+    ("url-kept-fixing-broken-old", "UPDATE", OFF, cm_data(scheduler="x: ["), ADMIN, {}, True, 0, (), ()),
+    ("url-reset-by-delete", "DELETE", None, cm_data(run_ai_url="https://runai.other:8080"), ADMIN, {},
+     True, 0, (), ()),
 ]  # fmt: skip
 
 
@@ -573,6 +597,31 @@ def test_department_edit_and_binding_labels(
     decision = validate_namespace_change(request, snapshot(settings), CONFIG, departments)
     check(decision, allowed, 403, contains, warns)
     assert validate_settings_request(request, snapshot(settings), CONFIG, departments) == decision
+
+
+PROJECT_REMOVAL_CASES = [
+    # (id, old labels, user, allowed, message contains)
+    ("unbound-by-admin", {}, ADMIN, False, ("hopsworks.ai/project cannot be removed from proj1", "kubernetes-admin")),
+    ("bound-by-admin", CREATED, ADMIN, False, ("bound to Run:ai project proj1", "GPU quota")),
+    ("by-installer", CREATED, INSTALLER, True, ()),
+    ("by-own-identity", CREATED, OWN, True, ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("old_labels", "user", "allowed", "contains"),
+    [pytest.param(*case[1:], id=case[0]) for case in PROJECT_REMOVAL_CASES],
+)
+def test_removing_the_project_label_is_refused_but_to_the_installation(
+    old_labels: dict[str, str], user: dict[str, Any], allowed: bool, contains: tuple[str, ...]
+) -> None:
+    new = namespace(labels=old_labels)
+    del new["metadata"]["labels"]["hopsworks.ai/project"]
+    request = ns_request("UPDATE", new, namespace(labels=old_labels), user)
+    decision = validate_settings_request(request, snapshot(RUNAI_ON), CONFIG)
+    check(decision, allowed, 403, contains, ("no longer a project namespace",) if allowed else ())
+    if allowed:
+        assert decision.audit == {"project-label-removed": "proj1"}
 
 
 def test_create_with_binding_labels_allowed() -> None:

@@ -23,6 +23,7 @@ from webhook.snapshot import (
     AVAILABLE_ANNOTATION,
     DEFAULTS_ANNOTATION,
     DEPARTMENT_LABEL,
+    PROJECT_LABEL,
     RUNAI_MOVE_ANNOTATION,
     RUNAI_PROJECT_ID_LABEL,
     RUNAI_QUEUE_LABEL,
@@ -32,6 +33,10 @@ from webhook.snapshot import (
 
 MOVE_API = "POST /api/v1/admin/projects/{namespace}/move"
 MOVE_CLI = "scheduling-webhook admin move-project {namespace} {department}"
+# Where the server sends the Run:ai client secret, and which secret: whoever may change these
+# could have the secret sent to a host of their choosing, so, like run_ai_enable, only the
+# installation changes them.
+INSTALLER_ONLY = ("run_ai_url", "run_ai_client_id", "run_ai_client_secret_name", "run_ai_client_secret_key")
 # How many namespaces a refusal message names before it says "and N more".
 MAX_LISTED_NAMESPACES = 10
 
@@ -440,7 +445,7 @@ def _flags_of(data: Mapping[str, Any] | None, fallback: ClusterSettings) -> Clus
         pass
     if not isinstance(data, Mapping):
         return fallback
-    flags = {k: v for k, v in data.items() if k in ("run_ai_enable", "kueue_installed")}
+    flags = {k: v for k, v in data.items() if k in ("run_ai_enable", "kueue_installed", *INSTALLER_ONLY)}
     try:
         return ClusterSettings.from_configmap_data(flags)
     except SettingsError:
@@ -524,6 +529,18 @@ def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapsh
                     "RUN_AI_BINDING_LEFT. See the README on leaving Run:ai."
                 )
 
+    # DELETE resets them to the shipped defaults, which send the secret nowhere of a caller's choosing.
+    changed = [key for key in INSTALLER_ONLY if getattr(after, key) != getattr(before, key)]
+    if changed and operation != "DELETE":
+        if not config.installers.matches(request.get("userInfo")):
+            hint = "" if config.installers else " (no installer identities are configured on this webhook)"
+            return Decision.deny(
+                f"{SETTINGS_CONFIGMAP}: cannot change {', '.join(changed)}: they say where the Run:ai client "
+                "secret is sent and which secret it is, so they are set only by the installation. Set them in "
+                f"the Hopsworks Helm values and run helm upgrade; {_who(request)} is not an installer identity{hint}"
+            )
+        audit["run-ai-connection-changed"] = ",".join(changed)
+
     if after.kueue_installed and not before.kueue_installed:
         bound = _bound_namespaces(snapshot)
         if bound:
@@ -586,10 +603,12 @@ def validate_namespace_change(
         # DELETE: the reconciler's finalizer deletes the Run:ai project (R4); nothing to refuse.
         return Decision.allow()
     new = NamespaceInfo.from_object(request.get("object") or {})
-    if not new.is_project:
-        return Decision.allow()
     old_obj = request.get("oldObject")
     old = NamespaceInfo.from_object(old_obj) if request.get("operation") == "UPDATE" and old_obj else None
+    if not new.is_project:
+        if old is not None and old.is_project:
+            return _project_label_removal(request, old, config)
+        return Decision.allow()
     settings = snapshot.settings
     own = config.own.matches(request.get("userInfo"))
 
@@ -637,6 +656,24 @@ def validate_namespace_change(
     if invalid:
         return Decision.deny("; ".join(invalid), code=422, reason="Invalid", warnings=warnings)
     return Decision.allow(warnings=warnings)
+
+
+def _project_label_removal(request: Mapping[str, Any], old: NamespaceInfo, config: GuardConfig) -> Decision:
+    # The label is what every pod webhook selects on: without it the namespace's pods skip
+    # scheduling injection, the GPU quota and the Run:ai binding check, while a Run:ai project
+    # and GPU reservations may still be attached. Only the installation and this system decide
+    # that a namespace stops being a project; a project ends by deleting its namespace.
+    if config.own.matches(request.get("userInfo")) or config.installers.matches(request.get("userInfo")):
+        return Decision.allow(
+            warnings=[f"{old.name} is no longer a project namespace: its pods are no longer checked or scheduled"],
+            audit={"project-label-removed": old.name},
+        )
+    bound = f" (bound to Run:ai project {old.runai_queue})" if old.runai_queue else ""
+    return Decision.deny(
+        f"{PROJECT_LABEL} cannot be removed from {old.name}{bound}: it switches off the GPU quota, the "
+        "scheduling rules and the Run:ai binding for every pod of the project. A project ends by deleting its "
+        f"namespace; an installer identity may remove the label; {_who(request)} is not one"
+    )
 
 
 def _move_refusal(
