@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,18 @@ async def test_cli_exits_2_when_the_server_cannot_be_reached_or_verified(
     assert await asyncio.to_thread(cli_main, [*args, "--ca", str(other_ca)]) == 2  # untrusted certificate
     closed = ["admin", "move-project", "p1", "ml", "--token", ADMIN_TOKEN, "--ca", str(srv.certs.ca_file)]
     assert await asyncio.to_thread(cli_main, [*closed, "--server", "https://127.0.0.1:1"]) == 2
+
+
+async def test_admin_log_lines_cannot_be_forged_through_the_path(
+    env: Env, https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    srv = await _serve(env, https_server)
+    forged = "%0A2026-01-01 INFO webhook.admin_api admin root moves everything"
+    with caplog.at_level(logging.INFO, logger="webhook.admin_api"):
+        await _call(srv, "POST", _move(f"p1{forged}"), body={"department": "ml\nforged"})
+        await _call(srv, "DELETE", f"/api/v1/admin/departments/ml{forged}")
+    lines = [r.getMessage() for r in caplog.records if r.name == "webhook.admin_api"]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "\n" not in line and "\r" not in line, line
+        assert "\\n2026-01-01" in line, line  # still there, visibly escaped

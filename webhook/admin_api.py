@@ -147,7 +147,8 @@ async def move_project_answer(mover: Mover, namespace: str, department: str | No
     as an admin (the console asks the same)."""
 
     async def move() -> Answer:
-        log.info("admin %s moves %s to department %s", who, namespace, department)
+        # Path and body are the caller's: escaped, so that %0A cannot start a forged log line.
+        log.info("admin %s moves %s to department %s", log_safe(who), log_safe(namespace), log_safe(department))
         result: MoveResult = await _run_to_completion(
             mover.move_project(namespace, department or None, requested_by=who)
         )
@@ -160,7 +161,7 @@ async def delete_department_answer(mover: Mover, name: str, who: str) -> Answer:
     """What `DELETE /api/v1/admin/departments/{name}` answers, for a caller already authorized."""
 
     async def delete() -> Answer:
-        log.info("admin %s deletes department %s", who, name)
+        log.info("admin %s deletes department %s", log_safe(who), log_safe(name))
         result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
         return result.status, result.to_json()
 

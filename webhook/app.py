@@ -23,6 +23,8 @@ from webhook.core.guard import GuardConfig, Identities, validate_settings_reques
 from webhook.core.scheduling import mutate_pod, request_namespace
 from webhook.core.validation import validate_pod
 from webhook.core.workloads import validate_workload
+from webhook.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from webhook.logsafe import log_safe
 from webhook.metrics import ADMISSION_INTERNAL_ERRORS, ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
 from webhook.state.store import ClusterState
 
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # The apiserver caps a stored object near 1.5 MiB and a review carries object and oldObject.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# Kubelet probes and one metrics scraper, a few connections each; the rest is shed.
+PROBE_MAX_CONNECTIONS = 64
+# How much of a caller-chosen uid a log line shows.
+LOGGED_UID_CHARS = 64
 
 AdmissionHandler = Callable[[Mapping[str, Any]], Awaitable[Decision]]
 ReadinessCheck = Callable[[], str | None]  # None when ready, else what is missing
@@ -129,9 +135,10 @@ def admission_route(
 
     async def route(request: web.Request) -> web.Response:
         started = time.perf_counter()
-        if request.content_type != "application/json":
+        refused = _refuse_early(request)
+        if refused is not None:
             counted["bad_request"].inc()
-            return _json_error(415, f"Content-Type must be application/json, got {request.content_type!r}")
+            return refused
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -151,7 +158,9 @@ def admission_route(
         except Exception:
             # A bug must not turn into a traceback for the apiserver; refuse this one and keep serving.
             internal_errors.inc()
-            log.exception("admission handler %s failed for uid %s", endpoint, review.get("uid"))
+            log.exception(
+                "admission handler %s failed for uid %s", endpoint, log_safe(review.get("uid"), LOGGED_UID_CHARS)
+            )
             decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
         outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
         counted[outcome].inc()
@@ -160,6 +169,34 @@ def admission_route(
         return web.Response(body=payload, content_type="application/json")
 
     return route
+
+
+def _refuse_early(request: web.Request) -> web.Response | None:
+    """A 415 or 413 decided from the headers alone, before the body is read (or, with
+    `Expect: 100-continue`, before the client is told to send it)."""
+    if request.content_type != "application/json":
+        response = _json_error(415, f"Content-Type must be application/json, got {log_safe(request.content_type)!r}")
+    elif request.content_length is not None and request.content_length > request.app._client_max_size:
+        response = _json_error(413, f"body larger than {request.app._client_max_size} bytes")
+    else:
+        return None
+    if request.can_read_body:
+        response.force_close()  # the unread body would otherwise be taken for the next request
+    return response
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue`: answer 413/415 instead of "100 Continue" when the headers already
+    say the body will be refused, so a client does not upload megabytes to be refused."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        return _json_error(417, f"unknown expectation {log_safe(expect)!r}")
+    refused = _refuse_early(request)
+    if refused is not None:
+        return refused
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return None
 
 
 @web.middleware
@@ -212,11 +249,25 @@ def create_app(
     chosen = default_handlers(state, GuardConfig(install_namespace=state.install_namespace))
     chosen.update(handlers or {})
     for path, handler in chosen.items():
-        app.router.add_post(path, admission_route(path.strip("/").replace("/", "_"), handler, rules_read(state)))
+        endpoint = path.strip("/").replace("/", "_")
+        app.router.add_post(path, admission_route(endpoint, handler, rules_read(state)), expect_handler=expect_continue)
+    _add_probe_routes(app)
+    app.router.add_routes(list(routes))
+    return app
+
+
+def _add_probe_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_routes(list(routes))
+
+
+def create_probe_app(main: web.Application) -> web.Application:
+    """/healthz, /readyz and /metrics of `main`, for a listener of their own: kubelet probes and
+    the metrics scraper reach them without a client certificate, and past the main port's cap."""
+    app = web.Application(client_max_size=64 * 1024, middlewares=[errors_as_json])
+    app[SERVER_KEY] = main[SERVER_KEY]
+    _add_probe_routes(app)
     return app
 
 
@@ -243,6 +294,9 @@ def _caches_ready(state: ClusterState) -> ReadinessCheck:
 class ServeOptions:
     host: str = "0.0.0.0"
     port: int = 8443
+    # /healthz, /readyz, /metrics on a port that never asks for a client certificate; None: none.
+    probe_port: int | None = None
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     certs: Path = Path("certs")
     state_dir: Path | None = None
     kubeconfig: Path | None = None
@@ -263,6 +317,7 @@ class ServeOptions:
         return cls(
             host=args.host,
             port=args.port,
+            probe_port=args.probe_port or None,
             certs=Path(args.certs),
             state_dir=Path(args.state) if args.state else None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
@@ -274,6 +329,9 @@ class ServeOptions:
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+            connection_limits=ConnectionLimits(
+                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS))
+            ),
             access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
         )
 

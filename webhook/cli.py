@@ -19,6 +19,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--certs", default="certs", help="folder with tls.crt, tls.key (and ca.crt)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument(
+        "--probe-port",
+        type=int,
+        default=0,
+        help="also serve /healthz, /readyz and /metrics here, over TLS without a client certificate "
+        "(kubelet probes send none); 0: only on --port",
+    )
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")

@@ -77,3 +77,15 @@ CERT_RELOADS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+CONNECTIONS_OPEN = Gauge(
+    "webhook_connections_open",
+    "Connections a listener holds now (TLS handshakes in progress included), by listener.",
+    ["listener"],  # main (admission, GPU API), probes (kubelet probes, metrics)
+    registry=REGISTRY,
+)
+CONNECTIONS_CLOSED = Counter(
+    "webhook_connections_closed_total",
+    "Connections closed by the server to bound what idle or hostile clients hold, by listener and reason.",
+    ["listener", "reason"],  # shed (over the cap), header_timeout
+    registry=REGISTRY,
+)

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,14 +22,17 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.app import (
+    PROBE_MAX_CONNECTIONS,
     SERVER_KEY,
     AdmissionHandler,
     ServeOptions,
     StartupError,
     create_app,
+    create_probe_app,
     default_handlers,
     settings_handler,
 )
+from webhook.listener import Listener
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
@@ -77,6 +81,8 @@ class Runtime:
         self._stoppers: list[Stoppable] = []
         self.app: web.Application | None = None
         self.runner: web.AppRunner | None = None
+        self.probe_runner: web.AppRunner | None = None
+        self._listeners: list[Listener] = []
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
 
@@ -103,6 +109,12 @@ class Runtime:
         )
         await certs.start()
         self._stoppers.append(certs)
+        # The probe port never asks for a client certificate (kubelet HTTPS probes send none):
+        # a second watcher of the same files, without the client CA.
+        probe_certs = certs if self.options.client_ca is None else CertWatcher(certs.cert_file, certs.key_file)
+        if probe_certs is not certs:
+            await probe_certs.start()
+            self._stoppers.append(probe_certs)
         handlers = default_handlers(self.state, self.options.guard_config())
         routes: list[web.RouteDef] = []
         if self.options.state_dir is not None:
@@ -122,13 +134,35 @@ class Runtime:
             self.app,
             handle_signals=False,
             shutdown_timeout=self.options.shutdown_timeout,
+            keepalive_timeout=self.options.connection_limits.idle_timeout_s,
             access_log=access_logger if self.options.access_log else None,  # off unless WEBHOOK_ACCESS_LOG
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.options.host, self.options.port, ssl_context=certs.ssl_context)
-        await site.start()
+        limits = self.options.connection_limits
+        main = Listener(self.runner, self.options.host, self.options.port, certs.ssl_context, limits, "main")
+        await main.start()
+        self._listeners.append(main)
+        log.info("serving on https://%s:%d", self.options.host, main.port)
+        if self.options.probe_port is not None:
+            self.probe_runner = web.AppRunner(
+                create_probe_app(self.app), handle_signals=False, access_log=None, shutdown_timeout=1.0
+            )
+            await self.probe_runner.setup()
+            probe_limits = replace(limits, max_connections=PROBE_MAX_CONNECTIONS)
+            probes = Listener(
+                self.probe_runner,
+                self.options.host,
+                self.options.probe_port,
+                probe_certs.ssl_context,
+                probe_limits,
+                "probes",
+            )
+            await probes.start()
+            self._listeners.append(probes)
+            log.info(
+                "probes and metrics on https://%s:%d (no client certificate asked)", self.options.host, probes.port
+            )
         tune_garbage_collector()
-        log.info("serving on https://%s:%d", self.options.host, self.options.port)
 
     async def _start_state(self) -> None:
         if self.options.state_dir is not None:
@@ -215,6 +249,10 @@ class Runtime:
         if self.app is not None:
             self.app[SERVER_KEY].draining = True
             await asyncio.sleep(self.options.drain_seconds)
+        for listener in self._listeners:
+            await listener.stop()
+        if self.probe_runner is not None:
+            await self.probe_runner.cleanup()
         if self.runner is not None:
             await self.runner.cleanup()
         for part in reversed(self._stoppers):

@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from cryptography import x509
 
+from webhook.listener import ConnectionLimits, Listener
 from webhook.tls import (
     CA_CERT_FILE,
     CERT_FILE,
@@ -260,11 +261,6 @@ class ClientConnections:
 
 
 @dataclass
-class ConnectionCounter:
-    accepted: int = 0
-
-
-@dataclass
 class HttpsServer:
     """A running HTTPS server and a keep-alive client session that trusts it."""
 
@@ -276,14 +272,14 @@ class HttpsServer:
     port: int
     session: aiohttp.ClientSession = field(init=False)
     hostname: str = SERVICE_HOST
-    _counter: ConnectionCounter = field(default_factory=lambda: ConnectionCounter())
+    listener: Listener = field(init=False)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _client_stats: dict[int, ClientConnections] = field(default_factory=dict)
 
     @property
     def connections_accepted(self) -> int:
         """TCP connections the server accepted so far (a reused keep-alive connection counts once)."""
-        return self._counter.accepted
+        return self.listener.accepted
 
     def url(self, path: str = "/") -> str:
         return f"https://{self.hostname}:{self.port}{path}"
@@ -363,6 +359,7 @@ class StartHttpsServer(Protocol):
         certs: CertFiles | None = None,
         watch_interval: float = 0.05,
         min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
+        limits: ConnectionLimits | None = None,
     ) -> Awaitable[HttpsServer]: ...
 
 
@@ -374,6 +371,7 @@ async def start_https_server(
     certs: CertFiles | None = None,
     watch_interval: float = 0.05,
     min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
+    limits: ConnectionLimits | None = None,
 ) -> HttpsServer:
     """Start `app` on 127.0.0.1:<ephemeral> over TLS; the caller must `await srv.close()`."""
     certs = certs or make_cert_files(directory / "certs", client_ca=client_ca)
@@ -388,20 +386,15 @@ async def start_https_server(
     )
     await watcher.start()
     assert watcher.ready, watcher.last_error
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    limits = limits or ConnectionLimits()
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=limits.idle_timeout_s)
     await runner.setup()
-    handler_factory = runner.server
-    assert handler_factory is not None
-    counter = ConnectionCounter()
-
-    def accept() -> asyncio.BaseProtocol:
-        # Called by asyncio once per accepted TCP connection, before the TLS handshake.
-        counter.accepted += 1
-        return handler_factory()
-
-    server = await asyncio.get_running_loop().create_server(accept, LOOPBACK, 0, ssl=watcher.ssl_context)
-    port = server.sockets[0].getsockname()[1]
-    srv = HttpsServer(app=app, runner=runner, server=server, watcher=watcher, certs=certs, port=port, _counter=counter)
+    # The server's own listener: handshake, header and idle timeouts and the connection cap.
+    listener = Listener(runner, LOOPBACK, 0, watcher.ssl_context, limits, "test")
+    await listener.start()
+    assert listener.server is not None
+    srv = HttpsServer(app=app, runner=runner, server=listener.server, watcher=watcher, certs=certs, port=listener.port)
+    srv.listener = listener
     srv.session = srv.new_session()
     return srv
 
@@ -418,11 +411,18 @@ async def https_servers(directory: Path) -> AsyncIterator[StartHttpsServer]:
         certs: CertFiles | None = None,
         watch_interval: float = 0.05,
         min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
+        limits: ConnectionLimits | None = None,
     ) -> HttpsServer:
         server_dir = directory / f"https-{len(started)}"
         server_dir.mkdir(parents=True)
         srv = await start_https_server(
-            app, server_dir, client_ca=client_ca, certs=certs, watch_interval=watch_interval, min_version=min_version
+            app,
+            server_dir,
+            client_ca=client_ca,
+            certs=certs,
+            watch_interval=watch_interval,
+            min_version=min_version,
+            limits=limits,
         )
         started.append(srv)
         return srv

@@ -1,0 +1,295 @@
+"""What a connection may hold, over real HTTPS: the listener's handshake, header and idle timeouts,
+its connection cap, the probe listener, and requests refused from their head alone.
+
+Each case is a hostile client (one that says nothing, dribbles headers, floods connections, or
+announces a body too large) against the server's own listener (webhook.listener.Listener), as
+`serve` runs it; the limits are shortened so that the tests take seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.cluster import cluster_state
+from tests.support.https import (
+    LOOPBACK,
+    SERVICE_HOST,
+    StartHttpsServer,
+    client_ssl_context,
+    free_port,
+    make_cert_files,
+)
+from tests.support.reviews import pod_review
+from webhook.app import ServeOptions, create_app
+from webhook.core.decision import Decision
+from webhook.listener import ConnectionLimits
+from webhook.runtime import Runtime
+from webhook.tls import make_client_ssl_context
+
+SHORT = ConnectionLimits(handshake_timeout_s=0.5, header_timeout_s=0.5, idle_timeout_s=1.5, max_connections=64)
+EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
+
+
+def ready_app() -> Any:
+    state = cluster_state()
+    for kind in ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"):
+        state.synced[kind] = True
+    return create_app(state)
+
+
+async def connect(port: int, ctx: ssl.SSLContext | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    hostname = SERVICE_HOST if ctx is not None else None
+    return await asyncio.open_connection(LOOPBACK, port, ssl=ctx, server_hostname=hostname)
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True when the server closes the connection (EOF or reset) within `seconds`."""
+    try:
+        while await asyncio.wait_for(reader.read(4096), seconds):
+            pass
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError):
+        pass
+    return True
+
+
+GET_READYZ = f"GET /readyz HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode()
+
+
+async def answer_status(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> int:
+    writer.write(request)
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 5)
+    while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return int(status.split()[1])
+
+
+# -- timeouts ------------------------------------------------------------------------------------
+
+
+async def test_a_connection_silent_after_the_handshake_is_closed(https_server: StartHttpsServer) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    assert await closed_within(reader, 1.2)  # the header timeout (0.5 s), well before the idle one (1.5 s)
+    writer.close()
+
+
+async def test_a_client_dribbling_headers_is_closed(https_server: StartHttpsServer) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    writer.write(f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n".encode())
+    started = time.monotonic()
+    closed = False
+    for _ in range(40):  # one header byte every 0.1 s, never the end of the head
+        try:
+            writer.write(b"X")
+            await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            closed = True
+            break
+        if await closed_within(reader, 0.1):
+            closed = True
+            break
+    assert closed and time.monotonic() - started < 1.2  # the header timeout, not the idle one
+    writer.close()
+
+
+async def test_a_handshake_never_started_is_dropped(https_server: StartHttpsServer) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    reader, writer = await connect(srv.port, None)  # TCP only: no ClientHello ever comes
+    assert await closed_within(reader, 5.0)
+    writer.close()
+
+
+async def test_keep_alive_outlives_the_header_timeout_and_ends_at_the_idle_timeout(
+    https_server: StartHttpsServer,
+) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    assert await answer_status(reader, writer, GET_READYZ) == 200
+    await asyncio.sleep(0.9)  # idle past the header timeout: an idle keep-alive connection stays
+    assert await answer_status(reader, writer, GET_READYZ) == 200
+    started = time.monotonic()
+    assert await closed_within(reader, 5.0)
+    assert time.monotonic() - started >= 1.0  # the idle timeout, not the header timeout
+    writer.close()
+
+
+# -- the cap ---------------------------------------------------------------------------------------
+
+
+async def test_past_the_cap_new_connections_are_shed_and_open_ones_still_served(
+    https_server: StartHttpsServer,
+) -> None:
+    limits = ConnectionLimits(handshake_timeout_s=2, header_timeout_s=30, idle_timeout_s=30, max_connections=8)
+    srv = await https_server(ready_app(), limits=limits)
+    ctx = srv.client_ssl_context()
+    working = await connect(srv.port, ctx)  # as the apiserver: one kept-alive connection
+    assert await answer_status(*working, GET_READYZ) == 200
+    idle = [await connect(srv.port, ctx) for _ in range(7)]
+    assert srv.listener.open_connections == 8
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        extra = await connect(srv.port, ctx)
+        await answer_status(*extra, GET_READYZ)
+    assert await answer_status(*working, GET_READYZ) == 200  # the connection already open is served
+    idle[0][1].close()
+    await asyncio.sleep(0.2)
+    again = await connect(srv.port, ctx)
+    assert await answer_status(*again, GET_READYZ) == 200  # room again once one has gone
+    for _, writer in [*idle[1:], working, again]:
+        writer.close()
+
+
+# -- the probe listener ------------------------------------------------------------------------------
+
+
+async def start_runtime(tmp_path: Path, certs_dir: Path, **options: Any) -> tuple[Runtime, ServeOptions]:
+    """`serve --state <copy of examples/cluster>` in this process."""
+    state = tmp_path / "state"
+    shutil.copytree(EXAMPLE_CLUSTER, state)
+    serve = ServeOptions(
+        host=LOOPBACK, port=free_port(), certs=certs_dir, state_dir=state, drain_seconds=0.0, **options
+    )
+    runtime = Runtime(serve)
+    await runtime.start()
+    return runtime, serve
+
+
+def make_client_ssl_context_for(certs: Any, directory: Path) -> ssl.SSLContext:
+    return client_ssl_context(certs.ca.cert_pem, certs.client, directory)
+
+
+def kubelet_context() -> ssl.SSLContext:
+    """As a kubelet HTTPS probe: no certificate verification, no client certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def probe(port: int, path: str) -> int:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=kubelet_context())) as session,
+        session.get(f"https://{LOOPBACK}:{port}{path}") as resp,
+    ):
+        return resp.status
+
+
+async def test_with_a_client_ca_probes_and_metrics_answer_without_a_client_certificate(tmp_path: Path) -> None:
+    certs = make_cert_files(tmp_path / "certs", client_ca=True)
+    assert certs.client_ca_file is not None and certs.client is not None
+    runtime, options = await start_runtime(tmp_path, certs.dir, client_ca=certs.client_ca_file, probe_port=free_port())
+    try:
+        assert options.probe_port is not None
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert await probe(options.probe_port, path) == 200, path
+        # The main port still demands the apiserver's client certificate.
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
+            await probe(options.port, "/healthz")
+        with_cert = make_client_ssl_context_for(certs, tmp_path)
+        reader, writer = await connect(options.port, with_cert)
+        assert await answer_status(reader, writer, GET_READYZ) == 200
+        writer.close()
+        # The probe port serves nothing else: no admission, no GPU API.
+        assert await probe(options.probe_port, "/api/v1/admin/runai") == 404
+    finally:
+        await runtime.shutdown()
+
+
+async def test_a_flood_on_the_main_port_does_not_starve_the_probes(tmp_path: Path) -> None:
+    certs = make_cert_files(tmp_path / "certs")
+    limits = ConnectionLimits(max_connections=4)
+    runtime, options = await start_runtime(tmp_path, certs.dir, probe_port=free_port(), connection_limits=limits)
+    try:
+        ctx = make_client_ssl_context(cadata=certs.ca.cert_pem)
+        flood = [await connect(options.port, ctx) for _ in range(4)]
+        with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+            extra = await connect(options.port, ctx)
+            await answer_status(*extra, GET_READYZ)
+        assert options.probe_port is not None
+        assert await probe(options.probe_port, "/readyz") == 200
+        assert await probe(options.probe_port, "/healthz") == 200
+        for _, writer in flood:
+            writer.close()
+    finally:
+        await runtime.shutdown()
+
+
+# -- requests refused from their head, and what the log keeps of hostile ones -------------------------
+
+
+async def test_expect_100_continue_with_a_body_too_large_gets_413_not_continue(https_server: StartHttpsServer) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    head = (
+        f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 5000000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 413 ")
+    writer.close()
+    # A body within bounds still gets "100 Continue", then its answer.
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    body = json.dumps(pod_review("churn")).encode()
+    head = (
+        f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    assert await asyncio.wait_for(reader.readline(), 5) == b"HTTP/1.1 100 Continue\r\n"
+    writer.close()
+
+
+async def test_an_oversized_header_is_refused_without_echoing_or_logging_it(
+    https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    srv = await https_server(ready_app(), limits=SHORT)
+    secret = "eyJhbGciOiJSUzI1NiIsImtpZCI6InNlY3JldCJ9"
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    with caplog.at_level(logging.DEBUG):
+        authorization = f"Authorization: Bearer {secret}{'A' * 20_000}\r\n"
+        writer.write(f"GET /readyz HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n{authorization}\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()
+    assert answer.split(b"\r\n")[0].split()[1] in (b"400", b"431")
+    assert secret.encode() not in answer and b"Bearer" not in answer
+    assert not [r for r in caplog.records if secret in r.getMessage() or "Bearer" in r.getMessage()]
+    assert not [r for r in caplog.records if r.exc_info and secret in str(r.exc_info[1])]
+    assert any("malformed HTTP request" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_failing_review_logs_a_bounded_escaped_uid(
+    https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(_: Any) -> Decision:
+        raise RuntimeError("a bug")
+
+    state = cluster_state()
+    srv = await https_server(create_app(state, handlers={"/mutate/pods": broken}), limits=SHORT)
+    review = pod_review("churn")
+    review["request"]["uid"] = "x\nFORGED 2026-01-01 INFO admin root did something\n" + "u" * 1_000_000
+    with caplog.at_level(logging.ERROR):
+        async with srv.session.post(srv.url("/mutate/pods"), json=review) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["response"]["allowed"] is False
+    (record,) = [r for r in caplog.records if "admission handler" in r.getMessage()]
+    message = record.getMessage()
+    assert "\n" not in message and len(message) < 300, message[:400]
+    assert "\\nFORGED" in message
