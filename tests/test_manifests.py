@@ -46,6 +46,8 @@ LATER_MUTATORS = (
 SERVER_PATHS = {"/mutate/pods", "/validate/pods", "/validate/workloads", "/validate/settings"}
 CLUSTER_SCOPED = (
     "Namespace",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
     "ClusterRole",
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
@@ -426,10 +428,11 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"), ("startupProbe", "/readyz")):
         get = c[probe]["httpGet"]
         assert (get["path"], get["scheme"]) == (path, "HTTPS")
-        assert get["port"] in ("https", 8443)
+        assert get["port"] == "probes"  # the probe port: no client certificate asked, a cap of its own
     # Issue 10.6: the first lists of a large cluster take minutes; liveness must not cut them short.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert startup["httpGet"]["port"] == "probes"
 
     spread = pod.get("topologySpreadConstraints") or []
     anti = (pod.get("affinity") or {}).get("podAntiAffinity")
@@ -684,3 +687,79 @@ def test_dockerfile_bakes_in_no_secrets() -> None:
     # Allow-list: everything is excluded first, and certs/ is never let back in.
     assert "*" in ignore
     assert not [line for line in ignore if line.startswith("!") and "cert" in line]
+
+
+# -- probes, metrics and the optional NetworkPolicy -------------------------------------------------------
+
+
+@pytest.mark.parametrize("client_ca_key", ["", "client-ca.crt"])
+def test_probes_use_the_probe_port_with_or_without_a_client_ca(ca_bundle: str, client_ca_key: str) -> None:
+    objects = render({"caBundle": ca_bundle, "clientCAKey": client_ca_key})
+    c = container(objects)
+    flags = dict(zip(c["args"][1::2], c["args"][2::2], strict=False))
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named["probes"] == int(flags["--probe-port"]) != int(flags["--port"])
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"]["scheme"] == "HTTPS"
+    ports = {p["name"]: p for p in one(objects, "Service")["spec"]["ports"]}
+    assert ports["metrics"]["targetPort"] == "probes"
+    assert ports["https"]["targetPort"] == "https"
+
+
+def test_network_policy_is_off_by_default(rendered: list[dict[str, Any]]) -> None:
+    assert not [o for o in rendered if o["kind"] == "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_bundle: str, version: str) -> None:
+    values = {
+        "caBundle": ca_bundle,
+        "namespace": "platform",
+        "networkPolicy": {"enabled": True, "apiserverCIDRs": ["10.0.0.10/32", "fd00::1/128"]},
+    }
+    objects = render(values)
+    kinds = [o["kind"] for o in objects]
+    policy = one(objects, "NetworkPolicy")
+    kubernetes_validate.validate(policy, version, strict=True)
+    assert kinds.index("NetworkPolicy") < kinds.index("ValidatingWebhookConfiguration")
+    assert policy["metadata"]["namespace"] == "platform"
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert selector_matches(policy["spec"]["podSelector"], labels)
+    apiserver, clients, scraper = policy["spec"]["ingress"]
+    assert apiserver["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "fd00::1/128"}}]
+    assert [p["port"] for p in apiserver["ports"]] == ["https"]
+    assert clients["from"] == [{"podSelector": {}}]  # pods of the install namespace
+    assert scraper["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert [p["port"] for p in scraper["ports"]] == ["probes"]
+    named = {p["name"] for p in container(objects)["ports"]}
+    assert {"https", "probes"} <= named
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ({"enabled": True}, "apiserverCIDRs: name the addresses"),
+        ({"enabled": True, "apiserverCIDRs": ["not-an-ip"]}, "not an address range"),
+        ({"enabled": True, "apiserverCIDRs": ["10.0.0.1/32"], "apiClient": []}, "unknown keys"),
+    ],
+)
+def test_network_policy_refuses_values_that_would_lock_out_the_apiserver(
+    ca_bundle: str, policy: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RenderError, match=message):
+        render({"caBundle": ca_bundle, "networkPolicy": policy})
+
+
+def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None:
+    objects = render({"caBundle": ca_bundle, "namespace": "platform"})
+    policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert len(policies) == 2
+    for policy in policies:
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            "request.userInfo.username == 'system:serviceaccount:platform:scheduling-webhook'"
+        )
+    bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert set(bindings) == {p["metadata"]["name"] for p in policies}
+    own = bindings["hopsworks-scheduling-webhook-own-objects"]["spec"]["matchResources"]["namespaceSelector"]
+    assert own["matchExpressions"][0]["values"] == ["platform"]

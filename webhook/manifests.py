@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import ipaddress
 import os
 import re
 import sys
@@ -57,7 +58,10 @@ DEFAULT_VALUES: dict[str, Any] = {
     "installers": None,
     "settings": {},
     "global": {},
+    # Optional NetworkPolicy (manifests/networkpolicy.yaml); see that file for why it is off.
+    "networkPolicy": {"enabled": False, "apiserverCIDRs": [], "apiClients": None, "metricsNamespace": "monitoring"},
 }
+NETWORK_POLICY_FILE = "networkpolicy.yaml"
 
 
 class RenderError(ValueError):
@@ -140,8 +144,51 @@ def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[s
             continue
         elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             _apply_webhooks(obj, namespace, ca_bundle)
+        elif kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+            _apply_policy(obj, namespace)
         objects.append(obj)
+    policy = _network_policy(merged["networkPolicy"], namespace, source)
+    if policy is not None:
+        # Before the webhook configurations: the apiserver must be admitted before it is sent reviews.
+        first_webhook = next(
+            (i for i, o in enumerate(objects) if o["kind"].endswith("WebhookConfiguration")), len(objects)
+        )
+        objects.insert(first_webhook, policy)
     return objects
+
+
+def _network_policy(values: Mapping[str, Any], namespace: str, source: Path | None) -> dict[str, Any] | None:
+    unknown = sorted(set(values) - set(DEFAULT_VALUES["networkPolicy"]))
+    if unknown:
+        raise RenderError(f"networkPolicy: unknown keys {unknown}; known: {sorted(DEFAULT_VALUES['networkPolicy'])}")
+    if not values.get("enabled"):
+        return None
+    cidrs = values.get("apiserverCIDRs") or []
+    if not isinstance(cidrs, list) or not cidrs:
+        raise RenderError(
+            "networkPolicy.apiserverCIDRs: name the addresses the kube-apiserver connects from (e.g. the "
+            "control-plane nodes' IPs as /32); without them the policy would refuse the apiserver and, the pod "
+            "webhooks failing closed, every project pod"
+        )
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(str(cidr), strict=False)
+        except ValueError:
+            raise RenderError(f"networkPolicy.apiserverCIDRs: {cidr!r} is not an address range") from None
+    metrics_ns = values.get("metricsNamespace")
+    if not isinstance(metrics_ns, str) or not metrics_ns:
+        raise RenderError("networkPolicy.metricsNamespace: the namespace of the metrics scraper")
+    path = (source or manifests_dir()) / NETWORK_POLICY_FILE
+    policy = yaml.safe_load(path.read_text(encoding="utf-8"))
+    policy["metadata"]["namespace"] = namespace
+    apiserver, clients, scraper = policy["spec"]["ingress"]
+    apiserver["from"] = [{"ipBlock": {"cidr": str(c)}} for c in cidrs]
+    if values.get("apiClients") is not None:
+        if not isinstance(values["apiClients"], list):
+            raise RenderError("networkPolicy.apiClients: a list of NetworkPolicy peers")
+        clients["from"] = copy.deepcopy(values["apiClients"])
+    scraper["from"][0]["namespaceSelector"]["matchLabels"][NAMESPACE_LABEL] = metrics_ns
+    return dict(policy)
 
 
 def load_base(source: Path | None = None) -> list[dict[str, Any]]:
@@ -383,6 +430,21 @@ def _apply_deployment(
 
 def _identity_ok(name: Any) -> bool:
     return isinstance(name, str) and bool(name.strip()) and "," not in name
+
+
+def _apply_policy(obj: dict[str, Any], namespace: str) -> None:
+    """The admission policies name this server's ServiceAccount and select the install namespace."""
+    base_user, user = _service_account_user(BASE_NAMESPACE), _service_account_user(namespace)
+    for condition in obj["spec"].get("matchConditions", []):
+        condition["expression"] = condition["expression"].replace(f"'{base_user}'", f"'{user}'")
+    selector = (obj["spec"].get("matchResources") or {}).get("namespaceSelector") or {}
+    for expr in selector.get("matchExpressions", []):
+        if expr.get("key") == NAMESPACE_LABEL:
+            expr["values"] = [namespace if v == BASE_NAMESPACE else v for v in expr["values"]]
+
+
+def _service_account_user(namespace: str) -> str:
+    return f"system:serviceaccount:{namespace}:scheduling-webhook"
 
 
 def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str) -> None:
