@@ -175,14 +175,12 @@ def _refuse_early(request: web.Request) -> web.Response | None:
     """A 415 or 413 decided from the headers alone, before the body is read (or, with
     `Expect: 100-continue`, before the client is told to send it)."""
     if request.content_type != "application/json":
-        response = _json_error(415, f"Content-Type must be application/json, got {log_safe(request.content_type)!r}")
-    elif request.content_length is not None and request.content_length > request.app._client_max_size:
+        return _json_error(415, f"Content-Type must be application/json, got {log_safe(request.content_type)!r}")
+    if request.content_length is not None and request.content_length > request.app._client_max_size:
         response = _json_error(413, f"body larger than {request.app._client_max_size} bytes")
-    else:
-        return None
-    if request.can_read_body:
-        response.force_close()  # the unread body would otherwise be taken for the next request
-    return response
+        response.force_close()  # rather than read megabytes only to keep the connection
+        return response
+    return None
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
@@ -193,6 +191,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         return _json_error(417, f"unknown expectation {log_safe(expect)!r}")
     refused = _refuse_early(request)
     if refused is not None:
+        refused.force_close()  # the client may send the body anyway, or not: start afresh
         return refused
     if request.version >= (1, 1):
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
