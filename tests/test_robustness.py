@@ -14,7 +14,9 @@ import asyncio
 import base64
 import copy
 import json
+import math
 import threading
+import time
 from collections.abc import Awaitable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -292,6 +294,43 @@ RAW_BODIES = st.sampled_from(
     ]
 ) | st.binary(max_size=64)
 
+
+def issue_10_reviews() -> list[bytes]:
+    """The reviews issue 10 found harmful, each a pod CREATE in a project namespace."""
+
+    def terms(n: int) -> dict[str, Any]:
+        expressions = [
+            {"matchExpressions": [{"key": f"k{i}", "operator": "In", "values": [f"v{i}"]}]} for i in range(n)
+        ]
+        return {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": expressions}}
+            }
+        }
+
+    zone = "topology.kubernetes.io/zone=eu-1a"
+    pods = [
+        pod_review("churn", spec=terms(10_000), annotations={"scheduling.hopsworks.ai/affinity": zone}),
+        pod_review("churn", annotations={"scheduling.hopsworks.ai/affinity": ",".join([zone] * 80_000)}),
+        pod_review("vision", labels={"jupyter": "true"}, annotations={"gpu-fraction": "1e999999999"}),
+        pod_review(
+            "vision",
+            labels={"jupyter": "true"},
+            annotations={"gpu-fraction": "0", "gpu-fraction-num-devices": "1e999999"},
+        ),
+        pod_review("bound", gpus=None, annotations={"gpu-fraction": "\u0663"}),
+    ]
+    odd = pod_review("churn")
+    odd["request"]["object"]["metadata"]["labels"] = {"jupyter": 1, "app": ["a", 2]}
+    pods.append(odd)
+    odd = pod_review("churn")
+    odd["request"]["object"]["spec"]["containers"][0]["resources"] = "lots"
+    pods.append(odd)
+    return [encode(p) for p in pods]
+
+
+ISSUE_10 = issue_10_reviews()
+
 BODIES = st.one_of(
     JSON.map(encode),
     wrong_envelope().map(encode),
@@ -299,6 +338,7 @@ BODIES = st.one_of(
     project_pod_review().map(encode),
     project_pod_review().map(encode).flatmap(lambda b: st.integers(0, len(b)).map(lambda n: b[:n])),
     RAW_BODIES,
+    st.sampled_from(ISSUE_10),
 )
 # Reviews with a sound envelope and odd contents: half of every batch, so most reach the decisions.
 ODD_REVIEWS = st.one_of(project_pod_review(), wrong_envelope().filter(lambda d: request_uid(encode(d)))).map(encode)
@@ -336,6 +376,7 @@ def check_answer(body: bytes, status: int, content_type: str, raw: bytes) -> Non
         jsonpatch.JsonPatch(ops).apply(copy.deepcopy(json.loads(body)["request"]["object"]))
 
 
+@pytest.mark.slow
 def test_ten_thousand_hostile_reviews_never_break_the_server(target: Target) -> None:
     half = BATCH // 2
 
@@ -425,6 +466,7 @@ def expressions(term: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(e, values=sorted(e["values"])) for e in term.get("matchExpressions") or []]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(doc=odd_valid_pod(), mode=st.sampled_from(["kueue", "runai"]))
 def test_odd_but_valid_pods_get_correct_patches(target: Target, doc: dict[str, Any], mode: str) -> None:
@@ -462,3 +504,81 @@ def test_odd_but_valid_pods_get_correct_patches(target: Target, doc: dict[str, A
         assert dict(ANTI_AFFINITY) in mine, term
         if own_terms:
             assert any(all(e in mine for e in expressions(own)) for own in own_terms), (term, own_terms)
+
+
+# -- issue 10: the reviews found harmful, over the same HTTPS server ----------------------------
+def test_issue_10_reviews_are_answered_quickly_with_a_reason_and_healthz_stays_live(target: Target) -> None:
+    # Every one of them at once, with /healthz asked in the middle: each answer is a 4xx-coded
+    # refusal (never 500), and neither the batch nor the health check waits for seconds of CPU.
+    target.mode("runai")
+
+    async def healthz() -> float:
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        async with target.session.get(target.srv.url("/healthz")) as resp:
+            assert resp.status == 200
+        return time.perf_counter() - started
+
+    async def both() -> tuple[list[tuple[int, str, bytes]], float]:
+        async def one(body: bytes) -> tuple[int, str, bytes]:
+            headers = {"Content-Type": "application/json"}
+            async with target.session.post(target.srv.url("/mutate/pods"), data=body, headers=headers) as resp:
+                first = (resp.status, resp.content_type, await resp.read())
+            async with target.session.post(target.srv.url("/validate/pods"), data=body, headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200
+            return first
+
+        answers = asyncio.gather(*(one(b) for b in ISSUE_10))
+        return await answers, await healthz()
+
+    started = time.perf_counter()
+    answers, health_s = target.background.run(both())
+    elapsed = time.perf_counter() - started
+    refused = 0
+    for body, (status, content_type, raw) in zip(ISSUE_10, answers, strict=True):
+        check_answer(body, status, content_type, raw)
+        response = json.loads(raw)["response"]
+        refused += not response["allowed"]
+    assert refused >= 2  # the 10,000 terms and the 2.7 MB annotation, at least
+    assert elapsed < 3.0, elapsed  # 9.3 s for the first one alone before the fix
+    assert health_s < 1.0, health_s
+
+
+QUANTITY_TEXT = st.text(max_size=50) | st.from_regex(r"\A[0-9.]{0,20}([eE][+-]?[0-9]{0,12}|[numkMGTPE]i?)?\Z")
+
+
+@settings(max_examples=3_000, deadline=None, derandomize=True, database=None)
+@given(raw=QUANTITY_TEXT | st.integers() | st.floats() | st.none() | st.booleans())
+def test_gpu_quantities_are_finite_bounded_or_refused(raw: Any) -> None:
+    from webhook.core.kinds import MAX_GPUS, parse_quantity
+
+    try:
+        value = parse_quantity(raw, MAX_GPUS)
+    except ValueError:
+        return
+    assert math.isfinite(value) and 0 <= value <= MAX_GPUS
+
+
+@settings(max_examples=1_000, deadline=None, derandomize=True, database=None)
+@given(
+    fraction=QUANTITY_TEXT | JSON,
+    devices=st.none() | QUANTITY_TEXT | JSON,
+    limit=st.none() | QUANTITY_TEXT | JSON,
+)
+def test_a_cached_pod_always_counts_a_finite_number_of_gpus(fraction: Any, devices: Any, limit: Any) -> None:
+    # Issue 10.1/10.5: whatever the annotations and limits hold, the pod cache takes the pod and
+    # counts it finitely (at most the unreadable bound), so GPUs left is never NaN.
+    from webhook.core.kinds import UNREADABLE_POD_GPUS
+
+    pod = copy.deepcopy(review("pod-create-kubectl-run.json")["request"]["object"])
+    pod["metadata"].update(namespace="vision", uid="hypo", annotations={"gpu-fraction": fraction})
+    if devices is not None:
+        pod["metadata"]["annotations"]["gpu-fraction-num-devices"] = devices
+    if limit is not None:
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": limit}}
+    state = robustness_state()
+    state.replace_all("Pod", [pod])
+    records = list(state.pods.get("vision", {}).values())
+    assert len(records) == 1
+    assert math.isfinite(records[0].gpus) and 0 <= records[0].gpus <= UNREADABLE_POD_GPUS
