@@ -273,3 +273,15 @@ async def test_an_internal_error_is_counted(https_server: StartHttpsServer) -> N
     assert (
         REGISTRY.get_sample_value("webhook_admission_internal_errors_total", {"endpoint": "mutate_pods"}) == before + 1
     )
+
+
+def test_a_patch_cannot_be_made_much_larger_than_the_limits() -> None:
+    # One term with 15,000 expressions was copied once per affinity key into the patch.
+    from tests.support.cluster import snapshot
+    from webhook.core.scheduling import MAX_RESULT_EXPRESSIONS, mutate_pod
+
+    expressions = [{"key": f"k{i}", "operator": "In", "values": ["a"]} for i in range(MAX_RESULT_EXPRESSIONS)]
+    doc = with_terms([{"matchExpressions": expressions}], annotations={AFFINITY: f"{ZONE},disk=ssd"})
+    decision = mutate_pod(doc["request"], snapshot(namespaces=[namespace("churn")], kueue_installed=True))
+    assert not decision.allowed and decision.code == 403
+    assert f"{MAX_RESULT_EXPRESSIONS} match expressions" in decision.message

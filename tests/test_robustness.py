@@ -548,7 +548,8 @@ def test_issue_10_reviews_are_answered_quickly_with_a_reason_and_healthz_stays_l
 QUANTITY_TEXT = st.text(max_size=50) | st.from_regex(r"\A[0-9.]{0,20}([eE][+-]?[0-9]{0,12}|[numkMGTPE]i?)?\Z")
 
 
-@settings(max_examples=3_000, deadline=None, derandomize=True, database=None)
+@pytest.mark.slow
+@settings(max_examples=1_500, deadline=None, derandomize=True, database=None)
 @given(raw=QUANTITY_TEXT | st.integers() | st.floats() | st.none() | st.booleans())
 def test_gpu_quantities_are_finite_bounded_or_refused(raw: Any) -> None:
     from webhook.core.kinds import MAX_GPUS, parse_quantity
@@ -560,7 +561,8 @@ def test_gpu_quantities_are_finite_bounded_or_refused(raw: Any) -> None:
     assert math.isfinite(value) and 0 <= value <= MAX_GPUS
 
 
-@settings(max_examples=1_000, deadline=None, derandomize=True, database=None)
+@pytest.mark.slow
+@settings(max_examples=500, deadline=None, derandomize=True, database=None)
 @given(
     fraction=QUANTITY_TEXT | JSON,
     devices=st.none() | QUANTITY_TEXT | JSON,

@@ -30,6 +30,9 @@ from webhook.snapshot import (
     NamespaceInfo,
 )
 
+# Required node affinity is a handful of expressions; the cap bounds the patch a hostile pod could
+# make us build (its terms are copied once per affinity key).
+MAX_RESULT_EXPRESSIONS = 10_000
 REQUIRED_AFFINITY_PATH = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -242,6 +245,15 @@ def _inject_node_affinity(
         return (
             f"the pod's required node affinity has {len(own_terms)} terms, more than the limit of {limit}: "
             "simplify the pod's nodeAffinity"
+        )
+
+    own_expressions = sum(len(e) for t in own_terms if isinstance(e := t.get("matchExpressions"), list))
+    if own_expressions * len(groups) > MAX_RESULT_EXPRESSIONS:
+        # Each own term is copied once per affinity key: bound what the patch would hold.
+        return (
+            f"the pod's required node affinity has {own_expressions} match expressions; combined with "
+            f"{len(groups)} affinity label keys that is more than {MAX_RESULT_EXPRESSIONS}: simplify the "
+            "pod's nodeAffinity or choose fewer affinity labels"
         )
 
     new_terms: list[dict[str, Any]] = []
