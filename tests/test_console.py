@@ -26,7 +26,7 @@ from tests.test_departments import Env, environment
 from webhook.app import create_app
 from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.console import Console, console_routes
-from webhook.console.session import COOKIE, Sessions
+from webhook.console.session import COOKIE, Sessions, shared_key
 from webhook.gpu_api import GpuViews
 from webhook.runai.client import RunaiError
 from webhook.snapshot import DEPARTMENT_LABEL
@@ -218,3 +218,32 @@ async def test_the_snapshot_is_read_again_when_the_folder_changes(tmp_path: Path
     assert not directory.reachable and directory.projects() is None  # no snapshot: no Run:ai data
     with pytest.raises(RunaiError):
         await directory.node_pool_metrics("default")
+
+
+async def test_a_session_made_on_one_replica_is_good_on_the_other(
+    served: Served, https_server: StartHttpsServer
+) -> None:
+    """Behind the Service a browser's requests reach either replica; both mount the same serving key
+    and derive the session key from it, so a sign-in on one is a sign-in on both."""
+    env = served.env
+    key_file = served.srv.certs.key_file
+
+    def replica() -> web.Application:
+        reader = KubeAuthorizer(env.kapi)
+        console = Console(
+            GpuViews(env.state, None), reader, sign_in=reader.authenticate, sessions=Sessions(key=shared_key(key_file))
+        )
+        return create_app(env.state, routes=console_routes(console))
+
+    first, second = await https_server(replica()), await https_server(replica())
+    async with first.session.post(
+        first.url("/ui/signin"), data={"token": ROOT_TOKEN, "next": "/ui/projects/p1"}, allow_redirects=False
+    ) as resp:
+        assert resp.status == 303
+        cookie = resp.cookies[COOKIE].value
+    async with second.session.get(
+        second.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={cookie}"}, allow_redirects=False
+    ) as resp:
+        assert resp.status == 200, resp.headers.get("Location")
+    # Another serving key (another installation) derives another session key.
+    assert Sessions(key=shared_key(served.srv.certs.ca_file)).read_value(cookie) is None

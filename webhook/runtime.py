@@ -188,6 +188,7 @@ class Runtime:
         from webhook.admin_api import admin_routes, authorize_with
         from webhook.auth import AccessCheck, KubeAuthorizer
         from webhook.console import Console, console_routes
+        from webhook.console.session import Sessions, shared_key
         from webhook.gpu_api import DirectoryAdapter, GpuViews
         from webhook.kubeapi import KubeApi
         from webhook.quota import GpuReservations
@@ -240,7 +241,17 @@ class Runtime:
             *views.routes(gpu_auth),
             *scheduling_routes(views, gpu_auth),
             *admin_routes(mover, authorize_with(admin_auth)),
-            *console_routes(Console(views, gpu_auth, sign_in=gpu_auth.authenticate, actor=admin_auth, mover=mover)),
+            *console_routes(
+                Console(
+                    views,
+                    gpu_auth,
+                    sign_in=gpu_auth.authenticate,
+                    actor=admin_auth,
+                    mover=mover,
+                    # Derived from the serving key every replica mounts: a session is good on each.
+                    sessions=Sessions(key=shared_key(options.certs / "tls.key")),
+                )
+            ),
         ]
         return handlers, routes
 

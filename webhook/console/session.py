@@ -1,10 +1,12 @@
 """Console sign-in: the user's Kubernetes token, kept in an encrypted session cookie.
 
-The cookie holds the token and a CSRF secret, encrypted and authenticated with Fernet under a key
-made when the process starts (never written anywhere): it is `HttpOnly` (no script reads it),
-`Secure`, `SameSite=Strict` (no other site's page sends it) and has no expiry (the browser drops it
-when its session ends; the server also refuses it after `max_age_s`). A restart, or a request
-that lands on another replica, asks the user to sign in again.
+The cookie holds the token and a CSRF secret, encrypted and authenticated with Fernet: it is
+`HttpOnly` (no script reads it), `Secure`, `SameSite=Strict` (no other site's page sends it) and
+has no expiry (the browser drops it when its session ends; the server also refuses it after
+`max_age_s`). The key is derived (HKDF) from the serving certificate's private key, a secret every
+replica mounts and no one else has: behind the Service a browser's requests reach either replica,
+and a key made per process would sign the user out on every other request. A new serving key
+(rotation) ends the sessions made under the old one. Without a key file, a key is made per process.
 
 Every form that changes something carries the CSRF secret; `check_form` also refuses a request
 whose `Origin` (or `Sec-Fetch-Site`) says it came from another site.
@@ -12,12 +14,16 @@ whose `Origin` (or `Sec-Fetch-Site`) says it came from another site.
 
 from __future__ import annotations
 
+import base64
 import hmac
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 COOKIE = "scheduling_webhook_session"
 COOKIE_PATH = "/ui/"
@@ -33,6 +39,15 @@ class Session:
 
 class SessionError(ValueError):
     pass
+
+
+def shared_key(secret_file: Path) -> bytes:
+    """A Fernet key every replica derives alike from a secret file they all mount (the serving
+    key); one-way, and bound to this use, so the cookie key reveals nothing of the secret."""
+    derived = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"scheduling-webhook console session v1"
+    ).derive(secret_file.read_bytes())
+    return base64.urlsafe_b64encode(derived)
 
 
 class Sessions:
@@ -63,7 +78,9 @@ class Sessions:
         return session
 
     def read(self, request: web.Request) -> Session | None:
-        value = request.cookies.get(COOKIE)
+        return self.read_value(request.cookies.get(COOKIE))
+
+    def read_value(self, value: str | None) -> Session | None:
         if not value or len(value) > 4096:
             return None
         try:
