@@ -143,15 +143,25 @@ class Page:
     def _following(self, act: Callable[[], None]) -> None:
         """Do `act`, which loads another page, and return once that page has loaded: a click may
         return before the old page is gone, and reading it then reads the old one."""
+        from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
         from selenium.webdriver.support.ui import WebDriverWait
 
         driver = self.browser.driver
         old = driver.find_element(By.TAG_NAME, "html")
         act()
-        wait = WebDriverWait(driver, NAVIGATION_TIMEOUT_S)
-        wait.until(expected_conditions.staleness_of(old))
+
+        def old_page_gone(_: Any) -> bool:
+            try:
+                old.is_enabled()
+            except WebDriverException:
+                # Stale, or (chromedriver, mid-navigation) "node does not belong to the document".
+                return True
+            return False
+
+        # Mid-navigation a script may fail to run; that is "not loaded yet", not an error.
+        wait = WebDriverWait(driver, NAVIGATION_TIMEOUT_S, ignored_exceptions=(WebDriverException,))
+        wait.until(old_page_gone)
         wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
 
     async def click(self, css: str) -> None:
