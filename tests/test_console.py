@@ -27,6 +27,8 @@ from webhook.app import create_app
 from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.console import Console, console_routes
 from webhook.console.session import COOKIE, Sessions, shared_key
+from webhook.console.wording import advice
+from webhook.core.gpu_view import GpuWarning
 from webhook.gpu_api import GpuViews
 from webhook.runai.client import RunaiError
 from webhook.snapshot import DEPARTMENT_LABEL
@@ -247,3 +249,24 @@ async def test_a_session_made_on_one_replica_is_good_on_the_other(
         assert resp.status == 200, resp.headers.get("Location")
     # Another serving key (another installation) derives another session key.
     assert Sessions(key=shared_key(served.srv.certs.ca_file)).read_value(cookie) is None
+
+
+@pytest.mark.parametrize(
+    ("warning", "title", "action"),
+    [
+        (
+            GpuWarning(code="RUN_AI_PROJECT_MISSING", message="m", actual="ghost"),
+            "Run:ai has no such project",
+            "recreate",
+        ),
+        (
+            GpuWarning(code="RUN_AI_SOMETHING_NEW", message="what the server says"),
+            "GPU status RUN_AI_SOMETHING_NEW",
+            "administrator",
+        ),
+    ],
+    ids=["missing", "a-status-added-later"],
+)
+def test_every_status_gets_a_warning_that_says_what_to_do(warning: GpuWarning, title: str, action: str) -> None:
+    words = advice(warning)
+    assert words.title == title and action in words.action and words.detail == warning.message

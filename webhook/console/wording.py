@@ -83,7 +83,7 @@ def advice(warning: GpuWarning) -> Advice:
     words = _ADVICE.get(warning.code)
     if words is None:
         title, explanation, action = (
-            warning.code.replace("_", " ").capitalize(),
+            f"GPU status {warning.code}",
             warning.message,
             "If this stays, show this message to the platform administrator.",
         )
