@@ -15,6 +15,7 @@ from webhook.core.gpu_view import (
     BINDING_LEFT,
     DEPARTMENT_DRIFT,
     NOT_BOUND,
+    NOT_KNOWN_YET,
     OK,
     PROJECT_MISSING,
     RUNAI_DISABLED,
@@ -131,6 +132,7 @@ class Case:
     status: str = OK
     codes: tuple[str, ...] = ()
     expect: dict[str, Any] = field(default_factory=dict)  # dotted path in the JSON answer -> value
+    missing: dict[str, str] = field(default_factory=dict)  # snapshot.runai_missing
 
 
 def data(*projects: Project, departments: list[Department] = DEPARTMENTS, **kwargs: Any) -> RunaiData:
@@ -310,11 +312,19 @@ CASES = [
         expect={"available_preemptible": None, "available_non_preemptible": 3},
     ),
     Case(
-        "runai/queue names a project Run:ai does not have",
+        "runai/queue names a project Run:ai no longer has: says so and what to do, not 'unreachable'",
         runai=data(project("other")),
+        missing={"churn": "churn"},
         status=PROJECT_MISSING,
         codes=(PROJECT_MISSING,),
         expect={"project": None, "department": None, "warnings.0.actual": "churn"},
+    ),
+    Case(
+        "bound after the last refresh, no lookup answered: not known yet, not 'missing'",
+        runai=data(project("other")),
+        status=NOT_KNOWN_YET,
+        codes=(NOT_KNOWN_YET,),
+        expect={"project": None, "warnings.0.actual": "churn"},
     ),
     Case(
         "most important code first: unreachable before drift",
@@ -336,11 +346,16 @@ def _at(answer: Any, path: str) -> Any:
 def test_project_gpu_view(case: Case) -> None:
     state = cluster_state(namespaces=[case.ns], extra=case.pods, run_ai_enable=case.run_ai)
     snap = state.snapshot()
+    snap.runai_missing = case.missing
     ns = snap.namespaces["churn"]
     view = project_gpu_view(ns, snap, case.runai, NOW)
     answer = view.model_dump(mode="json")
     assert answer["status"] == case.status, answer["warnings"]
     assert tuple(w["code"] for w in answer["warnings"]) == case.codes
+    if PROJECT_MISSING in case.codes:
+        message = answer["warnings"][0]["message"]
+        assert "no longer exists in Run:ai" in message and "remove the labels runai/queue" in message
+        assert "unreachable" not in message
     for path, value in case.expect.items():
         assert _at(answer, path) == value, (path, answer)
     # The view reads; it never asks for a binding or any other write.
@@ -394,6 +409,7 @@ def _rows(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
 
 def test_admin_view_links_departments_and_projects_or_says_not_linked() -> None:
     snap = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=True).snapshot()
+    snap.runai_missing = {"gone": "gone"}  # the refresh saw it bound and Run:ai without the project
     assert platform_departments(snap) == {"default", "research", "marketing"}
     runai = data(*ADMIN_PROJECTS, departments=ADMIN_DEPARTMENTS)
     answer = admin_view(snap, runai).model_dump(mode="json")

@@ -311,11 +311,12 @@ async def test_dry_run_on_an_unbound_project_does_not_bind(kube: KubeEmulator, r
     assert a.binder.calls == [] and writes(kube) == 0
 
 
-async def test_bound_project_without_runai_view_is_admitted_unchecked_and_unreserved(
+async def test_bound_project_with_runai_unreachable_is_admitted_unchecked_and_unreserved(
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
     (a,) = await replicas(1, deserved=1)
     a.state.snapshot().runai_projects = None  # Run:ai unreachable since start
+    a.state.snapshot().runai_reachable = False
     decision = await a.handler(notebook("uid-1", gpus=8))
     assert decision.allowed and any("not checked" in w for w in decision.warnings)
     assert writes(kube) == 0

@@ -12,7 +12,16 @@ import pytest
 from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
 from tests.support.reviews import assert_decision, owned_by, pod_review
 from webhook.core.kinds import parse_quantity
-from webhook.core.validation import NOT_BOUND, OVER_QUOTA, format_gpus, gpus_in_use, gpus_left, validate_pod
+from webhook.core.validation import (
+    NOT_BOUND,
+    NOT_KNOWN_HERE,
+    OVER_QUOTA,
+    PROJECT_MISSING,
+    format_gpus,
+    gpus_in_use,
+    gpus_left,
+    validate_pod,
+)
 from webhook.quota.reservations import DEFAULT_TTL_S
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
 from webhook.state.store import FREED_RETENTION_S, ClusterState
@@ -56,6 +65,8 @@ class Case:
     reservations: dict[str, float] = field(default_factory=dict)
     owners: list[dict[str, Any]] | None = None
     run_ai: bool = True
+    reachable: bool | None = True  # what the last Run:ai directory refresh found
+    missing: dict[str, str] = field(default_factory=dict)  # namespace -> queue Run:ai did not have
     allowed: bool = True
     reason: str = ""
     message: tuple[str, ...] = ()
@@ -184,7 +195,42 @@ CASES = [
         gpus=3,
         allowed=False,
     ),
-    Case("R2 bound + Run:ai view missing: admitted, quota skipped", deserved=None, gpus=64, warning="not checked"),
+    Case(
+        "R2 bound + Run:ai unreachable: admitted, quota skipped",
+        deserved=None,
+        reachable=False,
+        gpus=64,
+        warning="Run:ai control plane unreachable",
+    ),
+    Case(
+        "R2 bound, Run:ai reachable, project not known to this replica: never admitted unchecked",
+        deserved=None,
+        allowed=False,
+        reason=NOT_KNOWN_HERE,
+        message=("no record yet of Run:ai project vision", "try again"),
+    ),
+    Case(
+        "R2 bound, never refreshed yet: not admitted unchecked either",
+        deserved=None,
+        reachable=None,
+        allowed=False,
+        reason=NOT_KNOWN_HERE,
+    ),
+    Case(
+        "R2 bound to a Run:ai project that Run:ai no longer has: refused, saying so and what to do",
+        deserved=None,
+        missing={"vision": "vision"},
+        allowed=False,
+        reason=PROJECT_MISSING,
+        message=("Run:ai project vision, which no longer exists in Run:ai", "remove the labels runai/queue"),
+    ),
+    Case(
+        "R2 a missing record for another queue than the label names now is not trusted",
+        deserved=None,
+        missing={"vision": "old-queue"},
+        allowed=False,
+        reason=NOT_KNOWN_HERE,
+    ),
     Case(
         "malformed fraction is a clear 400",
         gpus=None,
@@ -224,6 +270,8 @@ CASES = [
 def test_pod_validation(case: Case) -> None:
     state = cluster_state(namespaces=[BOUND, UNBOUND, MOVING_NS], extra=case.pods, run_ai_enable=case.run_ai)
     snap = state.snapshot()
+    snap.runai_reachable = case.reachable
+    snap.runai_missing = case.missing
     if case.deserved is not None:
         snap.runai_projects = {
             "vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=case.deserved)

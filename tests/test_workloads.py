@@ -172,6 +172,7 @@ class Case:
     id: str
     request: Callable[[], Request]
     deserved: float | None = 4
+    reachable: bool | None = True  # what the last Run:ai directory refresh found
     used: float = 0  # GPUs of running notebooks in the project
     reserved: float = 0  # GPUs reserved for pods the cache does not show yet
     run_ai: bool = True
@@ -325,10 +326,17 @@ CASES = [
         warning="not bound to Run:ai yet",
     ),
     Case(
-        "Run:ai view missing: allowed with a warning",
+        "Run:ai unreachable: allowed with a warning",
         lambda: workload(replicas=8, gpus=8),
         deserved=None,
+        reachable=False,
         warning="not checked",
+    ),
+    Case(
+        "project bound since the last refresh: allowed with a warning, its pods look it up",
+        lambda: workload(replicas=8, gpus=8),
+        deserved=None,
+        warning="its pods are checked when they start",
     ),
     Case("DELETE passes", delete, deserved=0),
     Case("status subresource passes", status_update, deserved=0),
@@ -362,6 +370,7 @@ def state_for(case: Case) -> ClusterState:
     pods = [running_pod(f"p{i}", 1) for i in range(int(case.used))]
     state = cluster_state(namespaces=[BOUND, UNBOUND], extra=pods, run_ai_enable=case.run_ai)
     snap = state.snapshot()
+    snap.runai_reachable = case.reachable
     if case.deserved is not None:
         snap.runai_projects = {
             "vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=case.deserved)

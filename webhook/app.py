@@ -21,7 +21,7 @@ from webhook.admission import BadReview, build_response, dumps, object_errors, p
 from webhook.core.decision import Decision
 from webhook.core.guard import GuardConfig, Identities, validate_settings_request
 from webhook.core.scheduling import mutate_pod, request_namespace
-from webhook.core.validation import validate_pod
+from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
 from webhook.core.workloads import validate_workload
 from webhook.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from webhook.logsafe import log_safe
@@ -73,7 +73,11 @@ def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
     """Quota and binding state without a Run:ai connection (the Run:ai integration replaces it)."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
-        return validate_pod(request, state.snapshot(), time.time())
+        decision = validate_pod(request, state.snapshot(), time.time())
+        if decision.reason == NOT_KNOWN_HERE:
+            # `serve --state` has no Run:ai connection at all: say that, rather than "retry".
+            return Decision.allow(warnings=["GPU quota not checked: this server runs without a Run:ai connection"])
+        return decision
 
     return handle
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from webhook.core.gpu_view import (
     RunaiAdminView,
     RunaiData,
     admin_view,
+    find_project,
     project_gpu_view,
     view_node_pool,
 )
@@ -181,7 +182,9 @@ def private_json(payload: Any) -> web.Response:
 
 class GpuViews:
     """The GPU API's answers as objects: read by its routes, the scheduling API and the console.
-    `directory` None: Run:ai not configured."""
+    `directory` None: Run:ai not configured. `lookup(namespace)` fetches the Run:ai project of a
+    namespace bound since the directory's last refresh (`RunaiIntegration.lookup_project`); without
+    it such a project shows as not known yet."""
 
     def __init__(
         self,
@@ -192,10 +195,12 @@ class GpuViews:
         metrics_timeout_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        lookup: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self.state = state
         self.directory = directory
         self._wall_clock = wall_clock
+        self._lookup = lookup
 
         async def fetch(node_pool: str) -> NodePoolMetrics:
             assert directory is not None
@@ -221,6 +226,21 @@ class GpuViews:
         if ns is None or not ns.is_project:
             return None
         data = self.runai_data()
+        if (
+            self._lookup is not None
+            and data is not None
+            and data.has_data
+            and data.reachable
+            and ns.runai_queue
+            and snapshot.runai_missing.get(namespace) != ns.runai_queue
+            and find_project(ns, data.projects or ()) is None
+        ):
+            # Bound after the last refresh (e.g. by another replica): one bounded, shared lookup.
+            try:
+                await self._lookup(namespace)
+            except RunaiError as exc:
+                log.info("GPU view of %s: Run:ai project lookup failed: %s", namespace, exc)
+            data = self.runai_data()
         pool = view_node_pool(ns, snapshot, data) if with_metrics else None
         if data is not None and pool is not None and data.reachable:
             # A control plane the directory cannot reach gets no extra call from here.

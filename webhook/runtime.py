@@ -229,14 +229,16 @@ class Runtime:
         handlers: dict[str, AdmissionHandler] = {
             # /validate/workloads stays the cache-only default: a scale without a template passes
             # with a warning and its pods are checked one by one.
-            "/validate/pods": validate_pods_handler(self.state, reservations, runai.bind_for_admission),
+            "/validate/pods": validate_pods_handler(
+                self.state, reservations, runai.bind_for_admission, lookup=runai.lookup_project
+            ),
             "/validate/settings": settings_handler(
                 self.state, options.guard_config(), runai.directory.department_names
             ),
         }
         gpu_auth = KubeAuthorizer(kube)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
-        views = GpuViews(self.state, DirectoryAdapter(runai.directory, runai.client))
+        views = GpuViews(self.state, DirectoryAdapter(runai.directory, runai.client), lookup=runai.lookup_project)
         routes = [
             *views.routes(gpu_auth),
             *scheduling_routes(views, gpu_auth),

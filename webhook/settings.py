@@ -172,6 +172,9 @@ class ClusterSettings(_Strict):
     run_ai_default_department: str = "default"
     run_ai_project_gpu_quota: float = Field(default=0, ge=0)
     run_ai_reconcile_interval_s: float = Field(default=300, gt=0)
+    # How often every replica re-reads Run:ai's projects and departments (quota numbers, drift).
+    # A project bound in between is looked up on demand, so this is about freshness, not safety.
+    run_ai_directory_refresh_s: float = Field(default=15, ge=1)
     kueue_installed: bool = False
     kueue_project_default_local_queue: str = "default"
     kueue_system_jobs_local_queue: str = "system"

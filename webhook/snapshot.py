@@ -176,6 +176,12 @@ class ClusterSnapshot:
     settings_error: str | None = None
     # Run:ai projects by namespace, from the timed refresh; None until a refresh succeeded.
     runai_projects: Mapping[str, RunaiProjectInfo] | None = None
+    # Whether Run:ai answered the last directory refresh; None: not known (never refreshed, or no
+    # Run:ai directory in this process at all, e.g. `serve --state`).
+    runai_reachable: bool | None = None
+    # Bound namespaces whose Run:ai project Run:ai did not have, as of the last refresh or lookup:
+    # namespace -> the runai/queue it named then.
+    runai_missing: Mapping[str, str] = field(default_factory=dict)
     # namespace -> reservation key -> reservation
     gpu_reservations: Mapping[str, Mapping[str, GpuReservation]] = field(default_factory=dict)
     # namespace -> pod uid -> GPU pods seen deleted or finished lately (kept `FREED_RETENTION_S`)

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from webhook.core.validation import gpus_in_use, gpus_left
+from webhook.core.validation import gpus_in_use, gpus_left, project_missing_message
 from webhook.runai.models import Department, GpuUsage, NodePool, NodePoolGpuQuota, NodePoolMetrics, Project
 from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
@@ -39,8 +39,9 @@ BINDING_LEFT = "RUN_AI_BINDING_LEFT"  # integration off, namespace still labelle
 NOT_BOUND = "RUN_AI_PROJECT_NOT_BOUND"  # integration on, namespace not bound yet (reading never binds)
 UNREACHABLE = "RUN_AI_UNREACHABLE"  # no fresh Run:ai data: numbers are from the last refresh, or absent
 PROJECT_MISSING = "RUN_AI_PROJECT_MISSING"  # runai/queue names a project Run:ai does not have
+NOT_KNOWN_YET = "RUN_AI_PROJECT_NOT_KNOWN_YET"  # bound after the last refresh, and no lookup answered
 DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
-_SEVERITY = (BINDING_LEFT, NOT_BOUND, UNREACHABLE, PROJECT_MISSING, DEPARTMENT_DRIFT)
+_SEVERITY = (BINDING_LEFT, NOT_BOUND, UNREACHABLE, PROJECT_MISSING, NOT_KNOWN_YET, DEPARTMENT_DRIFT)
 
 
 # ---- answers (also the client's types) -----------------------------------------------------------
@@ -332,6 +333,22 @@ def _drift(project: Project, actual: str, expected: str) -> GpuWarning:
     )
 
 
+def _project_not_found(ns: NamespaceInfo, snapshot: ClusterSnapshot) -> GpuWarning:
+    """A bound namespace whose Run:ai project this replica's data does not show: gone from Run:ai
+    (the refresh or a lookup saw that), or bound after the last refresh."""
+    queue = ns.runai_queue or ""
+    if snapshot.runai_missing.get(ns.name) == queue:
+        return GpuWarning(code=PROJECT_MISSING, message=project_missing_message(ns.name, queue), actual=queue)
+    return GpuWarning(
+        code=NOT_KNOWN_YET,
+        message=(
+            f"namespace {ns.name} was bound to Run:ai project {queue} after this server last read Run:ai; its "
+            "numbers show after the next refresh"
+        ),
+        actual=queue,
+    )
+
+
 def _unreachable(runai: RunaiData) -> GpuWarning | None:
     if not runai.has_data:
         return GpuWarning(code=UNREACHABLE, message="Run:ai control plane unreachable: no Run:ai data yet")
@@ -387,15 +404,7 @@ def project_gpu_view(
         department = next((d for d in departments if d.name == expected), None)
     else:
         if project is None and runai.has_data:
-            warnings.append(
-                GpuWarning(
-                    code=PROJECT_MISSING,
-                    message=(
-                        f"namespace {ns.name} is labelled runai/queue={ns.runai_queue}, but Run:ai has no such project"
-                    ),
-                    actual=ns.runai_queue,
-                )
-            )
+            warnings.append(_project_not_found(ns, snapshot))
         department = by_id.get(project.parent_id or "") if project is not None else None
         if project is not None and department is not None and department.name != expected:
             warnings.append(_drift(project, department.name, expected))
@@ -517,13 +526,7 @@ def _admin_project(
     elif project is None:
         row["runai_project"] = ns.runai_queue
         if runai.has_data:
-            warnings.append(
-                GpuWarning(
-                    code=PROJECT_MISSING,
-                    message=f"Run:ai has no project {ns.runai_queue}",
-                    actual=ns.runai_queue,
-                )
-            )
+            warnings.append(_project_not_found(ns, snapshot))
     else:
         department = by_id.get(project.parent_id or "")
         row.update(

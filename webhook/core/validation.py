@@ -1,7 +1,9 @@
 """R2/R3 as pure decisions: is the pod's project bound, and does its GPU request fit the quota.
 
 `validate_pod(request, snapshot, now)` never calls out. What it cannot decide alone it says with a
-reason the shell acts on: `RunaiProjectNotBound` (bind now, or refuse if Run:ai is unreachable).
+reason the shell acts on: `RunaiProjectNotBound` (bind now, or refuse if Run:ai is unreachable) and
+`RunaiProjectNotKnownHere` (Run:ai answers, but this replica has no record of the project yet, e.g.
+another replica bound it moments ago: look that one project up, or refuse and let the user retry).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, RunaiProjectInfo
 
 NOT_BOUND = "RunaiProjectNotBound"
+NOT_KNOWN_HERE = "RunaiProjectNotKnownHere"
+PROJECT_MISSING = "RunaiProjectMissing"
 OVER_QUOTA = "GpuQuotaExceeded"
 MOVING = "ProjectMoving"
 EPSILON = 1e-9  # fractions add up in floating point
@@ -146,7 +150,9 @@ def check_quota(
     request asks for and what the user can do)."""
     quota = gpus_left(snapshot, namespace, now, exclude=exclude)
     if quota is None:
-        # Bound but the Run:ai view is missing: Run:ai enforces the quota when it schedules.
+        if (refused := runai_record_missing(snapshot, namespace)) is not None:
+            return refused
+        # Bound, and the last refresh found Run:ai unreachable: Run:ai enforces the quota when it schedules.
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
     left = quota.left
     if gpus > left + EPSILON:
@@ -157,3 +163,30 @@ def check_quota(
             reason=OVER_QUOTA,
         )
     return Decision.allow(audit={"gpus": format_gpus(gpus), "gpus-left": format_gpus(left - gpus)})
+
+
+def runai_record_missing(snapshot: ClusterSnapshot, namespace: str) -> Decision | None:
+    """Why a bound namespace with no Run:ai record here cannot be checked now; None only when the last
+    refresh found Run:ai unreachable (the seed then skips the check)."""
+    if snapshot.runai_reachable is False:
+        return None
+    queue = snapshot.namespaces[namespace].runai_queue if namespace in snapshot.namespaces else None
+    if queue is not None and snapshot.runai_missing.get(namespace) == queue:
+        return Decision.deny(project_missing_message(namespace, queue), code=409, reason=PROJECT_MISSING)
+    return Decision.deny(
+        f"this replica has no record yet of Run:ai project {queue or namespace}, bound to namespace {namespace} "
+        "moments ago, so its GPU quota cannot be checked here yet; try again in a few seconds",
+        code=503,
+        reason=NOT_KNOWN_HERE,
+    )
+
+
+def project_missing_message(namespace: str, queue: str) -> str:
+    """What is true and what to do, for the refusal and the GPU view alike."""
+    return (
+        f"namespace {namespace} is bound (label runai/queue={queue}) to Run:ai project {queue}, which no longer "
+        "exists in Run:ai, so Run:ai will not schedule its pods and GPU quota cannot be checked. An administrator "
+        f"can create Run:ai project {queue} again bound to namespace {namespace}, or remove the labels runai/queue "
+        "and hopsworks.ai/runai-project-id from the namespace: the next start or the background pass then binds it "
+        "to a new Run:ai project with the default GPU quota"
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from webhook.core.decision import Decision
 from webhook.core.kinds import classify_workload, pod_gpu_request
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import EPSILON, check_quota, format_gpus
+from webhook.core.validation import EPSILON, NOT_KNOWN_HERE, check_quota, format_gpus
 from webhook.settings import WorkloadKindRules, quota_checked
 from webhook.snapshot import ClusterSnapshot
 
@@ -198,7 +198,7 @@ def validate_workload(
             warnings=[f"project {ns} is not bound to Run:ai yet: GPU quota is checked when its pods start"]
         )
     more = " more" if old is not None and old.total > 0 else ""
-    return check_quota(
+    decision = check_quota(
         snapshot,
         ns,
         increase,
@@ -208,3 +208,12 @@ def validate_workload(
         f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
         "workload or ask an administrator for more Run:ai quota",
     )
+    if decision.reason == NOT_KNOWN_HERE:
+        # This check makes no remote call; the pods look the project up when they start.
+        return Decision.allow(
+            warnings=[
+                f"GPU quota not checked yet: project {ns} was bound to Run:ai moments ago; its pods are "
+                "checked when they start"
+            ]
+        )
+    return decision

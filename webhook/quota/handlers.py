@@ -3,7 +3,8 @@ reservation). `/validate/workloads` needs no I/O and lives with the other cache-
 `webhook.app`.
 
 The decisions are the pure ones in `webhook.core`; this module only adds the two counted calls the
-request path may make: binding an unbound project, and writing a GPU reservation.
+request path may make: binding an unbound project, looking up the Run:ai project of one bound
+since the last directory refresh, and writing a GPU reservation.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from webhook.admission import is_dry_run
 from webhook.app import AdmissionHandler
 from webhook.core.decision import Decision
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import NOT_BOUND, validate_pod
+from webhook.core.validation import NOT_BOUND, NOT_KNOWN_HERE, validate_pod
 from webhook.quota.reservations import GpuReservations, reservation_need
 from webhook.state.store import ClusterState
 
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 # cannot (Run:ai unreachable). When it returns the namespace object (a dict), the handler puts it
 # in the cache; anything else (e.g. `Binder.ensure_bound`'s result) means the binder did that.
 Bind = Callable[[str], Awaitable[object]]
+# Fetches and publishes the Run:ai project of a bound namespace this replica has no record of;
+# raises with a message when it cannot (e.g. `RunaiIntegration.lookup_for_admission`).
+Lookup = Callable[[str], Awaitable[object]]
 RUNAI_UNREACHABLE = "RunaiUnreachable"
 
 
@@ -36,6 +40,7 @@ def validate_pods_handler(
     reservations: GpuReservations,
     bind: Bind,
     clock: Callable[[], float] = time.time,
+    lookup: Lookup | None = None,
 ) -> AdmissionHandler:
     """The pure decision; an unbound project is bound first (not on dryRun) and decided again; an
     admitted GPU pod of a checked kind then reserves its GPUs, which may still refuse it when
@@ -76,6 +81,22 @@ def validate_pods_handler(
             info = state.snapshot().namespaces.get(namespace)
             queue = info.runai_queue if info is not None else None
             warnings.append(f"project namespace {namespace} was bound to Run:ai project {queue} on this start")
+        if decision.reason == NOT_KNOWN_HERE and lookup is not None:
+            # Bound since this replica's last directory refresh (often by another replica): never
+            # admit unchecked; fetch that one project, or refuse with a message to retry.
+            namespace = request_namespace(request)
+            try:
+                await lookup(namespace)
+            except Exception as exc:
+                log.info("looking up the Run:ai project of %s on admission failed: %s", namespace, exc)
+                return Decision.deny(
+                    f"the GPU quota of project {namespace} cannot be checked now: this replica has no record yet "
+                    f"of its Run:ai project, bound moments ago, and looking it up failed ({exc}). Try again in a "
+                    "few seconds",
+                    code=503,
+                    reason=NOT_KNOWN_HERE,
+                )
+            decision = validate_pod(request, state.snapshot(), now)
         # dryRun has no side effects (sideEffects: NoneOnDryRun): the cache's answer only.
         if decision.allowed and not is_dry_run(request):
             need = reservation_need(request, state.snapshot())

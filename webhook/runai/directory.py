@@ -1,9 +1,12 @@
 """What Run:ai knows, refreshed on a timer on every replica: cluster id, departments, projects.
 
-The request path never calls Run:ai for the quota check; it reads `snapshot.runai_projects`, which
-this module publishes after each refresh. A failed refresh publishes None: the quota check is then
-skipped for bound projects (Run:ai enforces the quota when it schedules), as the seed asks. With
-`run_ai_enable` off no call is made at all.
+The quota check reads `snapshot.runai_projects`, which this module publishes after each refresh
+(every `run_ai_directory_refresh_s`), with `runai_reachable` and the bound namespaces whose Run:ai
+project is gone (`runai_missing`). A failed refresh publishes None and `runai_reachable=False`: the
+quota check is then skipped for bound projects (Run:ai enforces the quota when it schedules), as
+the seed asks. A project bound after the last refresh (e.g. by another replica) is fetched on
+demand with `lookup`: one counted request-path call, short timeout, concurrent lookups of a
+namespace sharing it. With `run_ai_enable` off no call is made at all.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webhook.core.gpu_view import runai_project_info
-from webhook.runai.client import RunaiClient, RunaiError
+from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
@@ -25,6 +28,8 @@ from webhook.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 ClientProvider = Callable[[], RunaiClient | None]
+# Namespaces looked up at once by one replica; more is a burst of fresh projects, not normal work.
+MAX_LOOKUPS_IN_FLIGHT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +54,10 @@ class DirectoryView:
 class RunaiDirectory:
     """Timed refresh of Run:ai's org units, published into the cluster snapshot.
 
-    `start()` refreshes at once and then every `interval_s`; `refresh_now()` refreshes on demand
-    (the reconciler does before each pass). Readers: `view`, `reachable`, `department_names()`,
-    `project_for_namespace()`, `cluster_id`.
+    `start()` refreshes at once and then every `interval_s` (None: `run_ai_directory_refresh_s`,
+    read before each wait); `refresh_now()` refreshes on demand (the reconciler does before each
+    pass); `lookup()` fetches one bound namespace's project. Readers: `view`, `reachable`,
+    `department_names()`, `project_for_namespace()`, `cluster_id`.
     """
 
     def __init__(
@@ -59,12 +65,12 @@ class RunaiDirectory:
         state: ClusterState,
         client: ClientProvider,
         *,
-        interval_s: float = 15.0,
+        interval_s: float | None = None,
         cluster_name: str | None = None,
     ) -> None:
         self.state = state
         self._client = client
-        self.interval_s = interval_s
+        self._interval_s = interval_s
         self._cluster_name = cluster_name
         self.view: DirectoryView | None = None
         # None: never tried (or Run:ai is off); True/False: outcome of the last refresh.
@@ -75,6 +81,11 @@ class RunaiDirectory:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._lookups: dict[str, asyncio.Future[None]] = {}  # in flight only
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s or float(self.state.settings.run_ai_directory_refresh_s)
 
     @property
     def cluster_name(self) -> str | None:
@@ -119,9 +130,12 @@ class RunaiDirectory:
             self.view = None
             self.reachable = None
             self.last_error = None
-            self.state.snapshot().runai_projects = None
+            self._publish(None, None)
             self._notify()
             return False
+        # Bound before the calls below: a project missing from their answer is really gone (a
+        # binder creates the project before it labels the namespace).
+        bound_before = {ns.name: ns.runai_queue for ns in self.state.namespaces.values() if ns.runai_queue}
         try:
             cluster = await client.get_cluster(self.cluster_name, call_path="background")
             departments = await client.list_departments(cluster_id=cluster.uuid, call_path="background")
@@ -136,7 +150,7 @@ class RunaiDirectory:
             self.reachable = False
             self.last_error = str(exc)
             # Stale quota numbers would refuse or admit on old data; None means "not checked".
-            self.state.snapshot().runai_projects = None
+            self._publish(None, False)
             self._notify()
             return False
         if not self.state.settings.run_ai_enable:
@@ -144,9 +158,23 @@ class RunaiDirectory:
         self.view = DirectoryView(cluster, tuple(departments), tuple(projects), pool, sampled_at)
         self.reachable = True
         self.last_error = None
-        self.state.snapshot().runai_projects = self._by_namespace(self.view)
+        by_namespace = self._by_namespace(self.view)
+        names = {p.name for p in self.view.projects}
+        missing = {ns: q for ns, q in bound_before.items() if q not in names and ns not in by_namespace}
+        self._publish(by_namespace, True, missing)
         self._notify()
         return True
+
+    def _publish(
+        self,
+        projects: dict[str, RunaiProjectInfo] | None,
+        reachable: bool | None,
+        missing: dict[str, str] | None = None,
+    ) -> None:
+        snapshot = self.state.snapshot()
+        snapshot.runai_projects = projects
+        snapshot.runai_reachable = reachable
+        snapshot.runai_missing = missing or {}
 
     def _notify(self) -> None:
         for listener in list(self.listeners):
@@ -170,25 +198,78 @@ class RunaiDirectory:
         return out
 
     @staticmethod
-    def info(project: Project, namespace: str, view: DirectoryView | None) -> RunaiProjectInfo:
+    def info(
+        project: Project, namespace: str, view: DirectoryView | None, sampled_at: float | None = None
+    ) -> RunaiProjectInfo:
         """The snapshot record of `project`: deserved GPUs and Run:ai's non-preemptible allocation
-        on the project's default node pool (the rule the GPU view uses too)."""
+        on the project's default node pool (the rule the GPU view uses too), as sampled at
+        `sampled_at` (default: the view's refresh)."""
         pools = (view.default_node_pool,) if view is not None and view.default_node_pool is not None else ()
-        return runai_project_info(project, namespace, pools, view.refreshed_at if view is not None else 0.0)
+        if sampled_at is None:
+            sampled_at = view.refreshed_at if view is not None else 0.0
+        return runai_project_info(project, namespace, pools, sampled_at)
 
-    def note_project(self, namespace: str, project: Project) -> None:
-        """A binder just bound `namespace` to `project`: publish it before the next refresh."""
-        current = self.state.snapshot().runai_projects
-        if current is None or self.view is None:
-            return  # unreachable or never refreshed: nothing is published, so nothing to amend
-        self.view = DirectoryView(
-            self.view.cluster,
-            self.view.departments,
-            (*(p for p in self.view.projects if p.id != project.id), project),
-            self.view.default_node_pool,
-            self.view.refreshed_at,
-        )
-        self.state.snapshot().runai_projects = {**current, namespace: self.info(project, namespace, self.view)}
+    def note_project(self, namespace: str, project: Project, sampled_at: float | None = None) -> None:
+        """A binder just bound `namespace` to `project`, or a lookup found it (at `sampled_at`):
+        publish it before the next refresh (Run:ai just answered, so also when the last refresh
+        failed or never ran)."""
+        snapshot = self.state.snapshot()
+        if self.view is not None:
+            self.view = DirectoryView(
+                self.view.cluster,
+                self.view.departments,
+                (*(p for p in self.view.projects if p.id != project.id), project),
+                self.view.default_node_pool,
+                self.view.refreshed_at,
+            )
+        snapshot.runai_projects = {
+            **(snapshot.runai_projects or {}),
+            namespace: self.info(project, namespace, self.view, sampled_at),
+        }
+        snapshot.runai_missing = {ns: q for ns, q in snapshot.runai_missing.items() if ns != namespace}
+
+    # -- one project on demand ---------------------------------------------------------------
+    async def lookup(self, namespace: str, *, timeout_s: float) -> None:
+        """Fetch the Run:ai project that bound `namespace`'s runai/queue label names, and publish it
+        (or that Run:ai has no such project, in `runai_missing`). One counted request-path call
+        (two before the first refresh: the cluster id), all within `timeout_s`; concurrent lookups
+        of one namespace share it. Raises RunaiError (RunaiUnreachable: no answer in time)."""
+        task = self._lookups.get(namespace)
+        if task is None:
+            if len(self._lookups) >= MAX_LOOKUPS_IN_FLIGHT:
+                raise RunaiError(f"{MAX_LOOKUPS_IN_FLIGHT} Run:ai project lookups are already in flight")
+            task = asyncio.ensure_future(self._lookup(namespace, timeout_s))
+            self._lookups[namespace] = task
+
+            def done(finished: asyncio.Future[None]) -> None:
+                self._lookups.pop(namespace, None)
+                if not finished.cancelled():
+                    finished.exception()  # retrieved here: every waiter may have gone away
+
+            task.add_done_callback(done)
+        # A waiter that goes away (its request timed out) must not cancel the others' lookup.
+        await asyncio.shield(task)
+
+    async def _lookup(self, namespace: str, timeout_s: float) -> None:
+        info = self.state.namespaces.get(namespace)
+        queue = info.runai_queue if info is not None else None
+        client = self._client() if self.state.settings.run_ai_enable else None
+        if queue is None or client is None:
+            return  # unbound or turned off meanwhile: the decision made again says what follows
+        quick = client.with_options(timeout_s=timeout_s, connect_timeout_s=timeout_s, retries=0, deadline_s=timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                cluster_id = self.cluster_id or (await quick.get_cluster(self.cluster_name, call_path="request")).uuid
+                named = await quick.list_projects(cluster_id=cluster_id, name=queue, call_path="request")
+                sampled_at = time.time()
+        except TimeoutError:
+            raise RunaiUnreachable(f"the Run:ai control plane did not answer within {timeout_s:g} s") from None
+        project = next((p for p in named if p.bound_to(namespace)), named[0] if named else None)
+        if project is not None:
+            self.note_project(namespace, project, sampled_at)
+            return
+        snapshot = self.state.snapshot()
+        snapshot.runai_missing = {**snapshot.runai_missing, namespace: queue}
 
     def forget_project(self, project_id: str) -> None:
         """A binder deleted a project: stop publishing it."""
@@ -208,7 +289,7 @@ class RunaiDirectory:
         """The client changed (another control plane, other credentials): drop what the old one said."""
         self.view = None
         self.reachable = None
-        self.state.snapshot().runai_projects = None
+        self._publish(None, None)
         self.poke()
 
     # -- readers ------------------------------------------------------------------------------

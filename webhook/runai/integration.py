@@ -57,7 +57,7 @@ class IntegrationOptions:
     lease_name: str = "scheduling-webhook-leader"
     identity: str | None = None  # leader identity; unique per process by default
     lease: LeaseTiming = field(default_factory=LeaseTiming)
-    refresh_interval_s: float = 15.0  # directory refresh on every replica
+    refresh_interval_s: float | None = None  # directory refresh; None: run_ai_directory_refresh_s
     cluster_name: str | None = None  # Run:ai cluster; None: `run_ai_cluster_name`, else the only one
     claim_ttl_s: float = 60.0  # a binder's recorded intent older than this is taken over
     bind_wait_s: Mapping[str, float] = field(default_factory=dict)  # by call path, see Binder
@@ -68,6 +68,9 @@ class IntegrationOptions:
     # Binding on admission, within validate-pods' timeoutSeconds (10 s) with room for the
     # reservation write (at most 5 s) that follows it.
     request_bind_budget_s: float = 4.0
+    # Looking up a project bound since the last refresh, on admission: the same 10 s, also followed
+    # by the reservation write; a lookup that takes longer refuses the pod with a retryable message.
+    request_lookup_timeout_s: float = 2.0
 
 
 def _client_key(settings: ClusterSettings) -> tuple[str, str, str, str]:
@@ -97,6 +100,7 @@ class RunaiIntegration:
         self._client_key: tuple[str, str, str, str] | None = None
         self._enabled = state.settings.run_ai_enable
         self._interval = state.settings.run_ai_reconcile_interval_s
+        self._refresh_interval = state.settings.run_ai_directory_refresh_s
         self._closing: set[asyncio.Task[None]] = set()
         self._watch_task: asyncio.Task[None] | None = None
         self.events = EventRecorder(kube_api)
@@ -210,6 +214,9 @@ class RunaiIntegration:
         if settings.run_ai_reconcile_interval_s != self._interval:
             self._interval = settings.run_ai_reconcile_interval_s
             self.reconciler.trigger_pass()  # the next pass is due by the new interval
+        if settings.run_ai_directory_refresh_s != self._refresh_interval:
+            self._refresh_interval = settings.run_ai_directory_refresh_s
+            self.directory.poke()  # the next wait uses the new interval
         if enabled == self._enabled and not key_changed:
             return
         self._enabled = enabled
@@ -238,3 +245,9 @@ class RunaiIntegration:
                 return await self.binder.ensure_bound(namespace, "request")
         except TimeoutError:
             raise BindingUnavailable(f"the Run:ai control plane did not answer within {budget:g} s") from None
+
+    async def lookup_project(self, namespace: str) -> None:
+        """Fetch the Run:ai project of a namespace bound since the last refresh (R2: reachable but
+        unknown to this replica -> look it up; also the GPU view). Raises RunaiError, RunaiUnreachable when no answer
+        came within `request_lookup_timeout_s`."""
+        await self.directory.lookup(namespace, timeout_s=self.options.request_lookup_timeout_s)

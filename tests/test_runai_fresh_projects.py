@@ -1,0 +1,228 @@
+"""Two replicas right after a project is bound, a Run:ai project deleted behind our back, and a
+project namespace deleted while Run:ai is off: issue 9, items 2, 8 and 7.
+
+Everything runs as in production: two real Runtimes (`serve` against an apiserver), each with its
+own caches, Lease candidate and Run:ai integration, against one Kubernetes API emulator and one
+spec-checked Run:ai stand-in, driven over HTTPS with keep-alive as the apiserver does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.https import wait_until
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.reviews import pod_review
+from tests.support.runai_standin import RunaiStandin
+from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from webhook.app import ServeOptions
+from webhook.metrics import REGISTRY
+from webhook.runtime import Runtime
+
+SECRET = "fresh-projects-secret"
+INSTALL_NS = "hopsworks"
+ROUNDS = 20
+
+
+def runai_request_calls() -> float:
+    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0.0
+
+
+@dataclass
+class Server:
+    runtime: Runtime
+    options: ServeOptions
+    session: aiohttp.ClientSession
+
+    async def review(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(f"{base_url(self.options)}{path}", json=review) as resp:
+            assert resp.status == 200, await resp.text()
+            return dict((await resp.json())["response"])
+
+    async def get(self, path: str, token: str) -> tuple[int, dict[str, Any]]:
+        async with self.session.get(
+            f"{base_url(self.options)}{path}", headers={"Authorization": f"Bearer {token}"}
+        ) as resp:
+            return resp.status, await resp.json()
+
+
+@dataclass
+class Env:
+    emu: KubeEmulator
+    runai: RunaiStandin
+    tmp_path: Path
+    servers: list[Server]
+
+    async def start(self, name: str) -> Server:
+        secret_dir = self.tmp_path / "runai-secret"
+        secret_dir.mkdir(exist_ok=True)
+        (secret_dir / "clientSecret").write_text(SECRET)
+        home = self.tmp_path / name
+        home.mkdir()
+        runtime, options, certs = await start_runtime(home, self.emu, runai_secret_dir=secret_dir)
+        server = Server(runtime, options, apiserver_session(certs))
+        self.servers.append(server)
+        return server
+
+    def settings(self, **overrides: Any) -> None:
+        flat: dict[str, Any] = {
+            "run_ai_enable": True,
+            "run_ai_url": self.runai.url,
+            "run_ai_client_id": self.runai.client_id,
+            "run_ai_client_secret_name": "runai-hopsworks",
+            "run_ai_client_secret_key": "clientSecret",
+            "run_ai_project_gpu_quota": 1,
+            "run_ai_reconcile_interval_s": 300,
+            # Long on purpose: the replicas learn of new Run:ai projects only by binding them or by
+            # looking them up, never by a refresh that happens to land inside a round.
+            "run_ai_directory_refresh_s": 600,
+            **overrides,
+        }
+        self.emu.put_object(settings_configmap(INSTALL_NS, **flat))
+
+    def labels(self, name: str) -> dict[str, str]:
+        return dict(((self.emu.get_object("Namespace", name) or {}).get("metadata") or {}).get("labels") or {})
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
+        for obj in (namespace(INSTALL_NS, project=False), priority_class("normal", 10000)):
+            emu.create_object(obj)
+        emu.allow("webhook", "*", "*")
+        emu.add_user("admin-token", "admin")
+        emu.allow("admin", "*", "*")
+        environment = Env(emu, runai, tmp_path, [])
+        environment.settings()
+        try:
+            yield environment
+        finally:
+            for server in environment.servers:
+                await server.session.close()
+                await server.runtime.shutdown()
+        assert runai.violations == [], runai.violations
+
+
+def notebook(ns: str, uid: str, gpus: float = 1) -> dict[str, Any]:
+    return pod_review(ns, labels={"jupyter": "true"}, gpus=gpus, uid=uid)
+
+
+# ---- item 2: no over-admission right after binding -------------------------------------------------
+
+
+async def test_two_replicas_racing_for_a_fresh_projects_last_gpu_never_both_admit(env: Env) -> None:
+    a = await env.start("a")
+    b = await env.start("b")
+    over_admissions = 0
+    unchecked: list[str] = []
+    calls_before = runai_request_calls()
+    for i in range(ROUNDS):
+        ns = f"fresh-{i}"
+        env.emu.create_object(namespace(ns))
+        # The leader binds it at once (a namespace event); both replicas see the label.
+        await wait_until(
+            lambda ns=ns: all(
+                s.runtime.state.namespaces.get(ns) and s.runtime.state.namespaces[ns].runai_queue for s in (a, b)
+            ),
+            within=15,
+            what=f"{ns} bound and seen by both replicas",
+        )
+        answers = await asyncio.gather(
+            a.review("/validate/pods", notebook(ns, f"{ns}-a")), b.review("/validate/pods", notebook(ns, f"{ns}-b"))
+        )
+        admitted = [r for r in answers if r["allowed"]]
+        if len(admitted) > 1:
+            over_admissions += 1
+        unchecked += [w for r in answers for w in r.get("warnings") or () if "not checked" in w]
+        refused = [r for r in answers if not r["allowed"]]
+        for answer in refused:
+            assert "unreachable" not in answer["status"]["message"], answer["status"]["message"]
+    print(f"over-admissions: {over_admissions} of {ROUNDS} rounds")
+    assert over_admissions == 0, f"{over_admissions} of {ROUNDS} rounds admitted two 1-GPU notebooks on 1 GPU"
+    assert unchecked == []  # Run:ai answered all along: never "not checked", never "unreachable"
+    # The replica that did not bind looked the project up: one counted call per round at most
+    # (two concurrent lookups of one project on one replica share one call).
+    calls = runai_request_calls() - calls_before
+    assert 1 <= calls <= 2 * ROUNDS, calls
+
+
+# ---- item 8: the Run:ai project was deleted in Run:ai -------------------------------------------------
+
+
+async def bound_on_both(env: Env, servers: tuple[Server, ...], ns: str) -> str:
+    env.emu.create_object(namespace(ns))
+    await wait_until(
+        lambda: all(s.runtime.state.namespaces.get(ns) and s.runtime.state.namespaces[ns].runai_queue for s in servers),
+        within=15,
+        what=f"{ns} bound and seen by every replica",
+    )
+    project = env.runai.project(ns)
+    assert project is not None
+    return str(project["id"])
+
+
+def assert_says_missing_and_what_to_do(text: str) -> None:
+    assert "Run:ai project vision, which no longer exists in Run:ai" in text, text
+    assert "remove the labels runai/queue and hopsworks.ai/runai-project-id" in text, text
+    assert "unreachable" not in text, text
+
+
+async def test_a_project_deleted_in_runai_is_refused_as_missing_not_as_unreachable(env: Env) -> None:
+    env.settings(run_ai_directory_refresh_s=1)
+    env.emu.add_user("alice-token", "alice")
+    env.emu.allow("alice", "get", "pods", "vision")
+    a = await env.start("a")
+    project_id = await bound_on_both(env, (a,), "vision")
+    del env.runai.projects[project_id]  # a Run:ai administrator deleted it
+    deleted_at = len(env.runai.requests)
+    # The next directory refresh sees the namespace bound and Run:ai without its project.
+    await wait_until(
+        lambda: any(r.path == "/api/v1/org-unit/projects" for r in env.runai.requests[deleted_at:]),
+        within=20,
+        what="a directory refresh after the deletion",
+    )
+    await asyncio.sleep(0.2)  # the refresh publishes once its last call (node pools) is answered
+
+    answer = await a.review("/validate/pods", notebook("vision", "nb-1"))
+    assert answer["allowed"] is False, answer
+    assert_says_missing_and_what_to_do(answer["status"]["message"])
+    assert answer["status"]["code"] == 409
+
+    status, view = await a.get("/api/v1/projects/vision/gpu", "alice-token")
+    assert status == 200, view
+    assert view["status"] == "RUN_AI_PROJECT_MISSING", view
+    assert_says_missing_and_what_to_do(view["warnings"][0]["message"])
+
+
+async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gone(env: Env) -> None:
+    env.emu.add_user("alice-token", "alice")
+    env.emu.allow("alice", "get", "pods", "vision")
+    a = await env.start("a")
+    b = await env.start("b")
+    project_id = await bound_on_both(env, (a, b), "vision")
+    binder = a if "vision" in (a.runtime.state.snapshot().runai_projects or {}) else b
+    other = b if binder is a else a
+    del env.runai.projects[project_id]
+    calls_before = runai_request_calls()
+
+    answer = await other.review("/validate/pods", notebook("vision", "nb-1"))
+    assert answer["allowed"] is False, answer
+    assert_says_missing_and_what_to_do(answer["status"]["message"])
+    # One lookup, by name, as the spec's filterBy says; the second request knows already.
+    lookups = [r for r in env.runai.requests if r.path == "/api/v1/org-unit/projects" and "filterBy" in r.query]
+    assert [r.query["filterBy"] for r in lookups][-1:] == [f"name==vision,clusterId=={env.runai.cluster_id}"]
+    again = await other.review("/validate/pods", notebook("vision", "nb-2"))
+    assert_says_missing_and_what_to_do(again["status"]["message"])
+    assert runai_request_calls() - calls_before == 1
+
+    status, view = await other.get("/api/v1/projects/vision/gpu", "alice-token")
+    assert status == 200 and view["status"] == "RUN_AI_PROJECT_MISSING", view
+    assert_says_missing_and_what_to_do(view["warnings"][0]["message"])
