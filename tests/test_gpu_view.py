@@ -18,6 +18,7 @@ from webhook.core.gpu_view import (
     NOT_KNOWN_YET,
     OK,
     PROJECT_MISSING,
+    PROJECTS_LEFT,
     RUNAI_DISABLED,
     UNREACHABLE,
     RunaiData,
@@ -27,6 +28,7 @@ from webhook.core.gpu_view import (
     view_node_pool,
 )
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
+from webhook.snapshot import LeftProject
 
 NOW = 1_000_000.0
 CLUSTER = "6f0e6a43-7c57-4c39-9a52-8d1d8a4d2a11"
@@ -479,3 +481,27 @@ def test_admin_view_with_run_ai_unreachable_keeps_the_last_refresh_and_says_so()
     # Nothing known: no project is reported missing from Run:ai.
     gone = next(p for p in empty.projects if p.namespace == "gone")
     assert gone.warnings == [] and not gone.linked
+
+
+def test_admin_view_lists_run_ai_projects_left_by_namespaces_deleted_while_off() -> None:
+    left = [
+        LeftProject("gone-still-there", "gone-still-there", "p-1", "2026-12-01T10:00:00Z"),
+        LeftProject("gone-cleaned", "gone-cleaned", "p-2", "2026-12-01T10:01:00Z"),
+        LeftProject("half-made", None, None, "2026-12-01T10:02:00Z"),  # intent recorded, never labelled
+    ]
+    there = project("gone-still-there", project_id="p-1")
+    half = project("half-made", namespace_="half-made", project_id="p-3")
+    on = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=True).snapshot()
+    answer = admin_view(on, data(there, half, departments=ADMIN_DEPARTMENTS), left).model_dump(mode="json")
+    rows = {r["namespace"]: r["in_runai"] for r in answer["left_in_runai"]}
+    assert rows == {"gone-still-there": True, "gone-cleaned": False, "half-made": True}
+    assert [w["code"] for w in answer["warnings"]] == [PROJECTS_LEFT]
+    # Unreachable or off: it cannot know, and says so (None), still listing what it recorded.
+    for runai_on, runai in ((True, data(there, departments=ADMIN_DEPARTMENTS, reachable=False)), (False, None)):
+        snap = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=runai_on).snapshot()
+        answer = admin_view(snap, runai, left).model_dump(mode="json")
+        assert [r["in_runai"] for r in answer["left_in_runai"]] == [None, None, None]
+        assert PROJECTS_LEFT in [w["code"] for w in answer["warnings"]]
+    # Everything recorded is gone from Run:ai: listed as such, no warning.
+    answer = admin_view(on, data(departments=ADMIN_DEPARTMENTS), left[1:2]).model_dump(mode="json")
+    assert [r["in_runai"] for r in answer["left_in_runai"]] == [False] and answer["warnings"] == []

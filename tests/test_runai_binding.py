@@ -575,7 +575,12 @@ async def test_runai_url_change_rebuilds_the_client(
         assert not moved.violations
 
 
-async def test_turned_off_namespace_deletion_waits_for_the_runai_project_we_created(
+def left_records(kube: KubeEmulator) -> dict[str, dict[str, Any]]:
+    cm = kube.get_object("ConfigMap", "runai-projects-left", INSTALL_NS) or {}
+    return {k: json.loads(v) for k, v in (cm.get("data") or {}).items()}
+
+
+async def test_turned_off_namespace_deletion_completes_and_records_the_runai_project_left(
     kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:
     put_settings(kube, runai)
@@ -590,36 +595,50 @@ async def test_turned_off_namespace_deletion_waits_for_the_runai_project_we_crea
     count = len(runai.requests)
     kube.delete_object("Namespace", "phi")
     kube.delete_object("Namespace", "chi")
-    # The adopted one has nothing of ours in Run:ai: it goes. Ours waits, and says why.
-    await wait_until(lambda: kube.get_object("Namespace", "chi") is None, within=5, what="chi gone")
-    await wait_until(lambda: events(kube, "RunaiUnbindDeferred", "phi"), within=3, what="deferred event")
-    assert "run_ai_enable is false" in events(kube, "RunaiUnbindDeferred", "phi")[0]["message"]
-    assert ns_meta(kube, "phi").get("deletionTimestamp")
+    # Neither waits: Run:ai is off, so nothing is deleted there, and what was ours is written down.
+    await wait_until(
+        lambda: kube.get_object("Namespace", "chi") is None and kube.get_object("Namespace", "phi") is None,
+        within=5,
+        what="both gone",
+    )
     assert len(runai.requests) == count  # no call while off
-    # The seed's way out: delete the project in Run:ai and remove the label; the namespace then goes.
-    del runai.projects[project["id"]]
-    current = kube.get_object("Namespace", "phi")
-    assert current is not None
-    del current["metadata"]["labels"][PROJECT_ID]
-    kube.put_object(current)
-    await wait_until(lambda: kube.get_object("Namespace", "phi") is None, within=5, what="phi gone")
+    assert project["id"] in runai.projects
+    assert left_records(kube) == {
+        "phi": {
+            "runaiProject": "phi",
+            "runaiProjectId": project["id"],
+            "deletedAt": left_records(kube)["phi"]["deletedAt"],
+        }
+    }
+    await wait_until(lambda: events(kube, "RunaiProjectLeft", "phi"), within=3, what="left event")
+    assert project["id"] in events(kube, "RunaiProjectLeft", "phi")[0]["message"]
+    assert events(kube, "RunaiProjectLeft", "chi") == []  # adopted: nothing of ours was left
 
 
-async def test_turned_back_on_deletes_the_project_and_releases_the_namespace(
+async def test_turned_back_on_deletes_the_project_left_behind_unless_the_namespace_came_back(
     kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:
     put_settings(kube, runai)
-    await replicas()
-    kube.create_object(namespace("psi"))
-    await wait_until(lambda: bound(kube, "psi"), within=5, what="bound")
-    [project] = projects_named(runai, "psi")
+    replica = await replicas()
+    for name in ("psi", "omicron"):
+        kube.create_object(namespace(name))
+    await wait_until(lambda: bound(kube, "psi") and bound(kube, "omicron"), within=5, what="bound")
+    [psi] = projects_named(runai, "psi")
+    [omicron] = projects_named(runai, "omicron")
     put_settings(kube, runai, run_ai_enable=False)
     await asyncio.sleep(0.3)
     kube.delete_object("Namespace", "psi")
-    await wait_until(lambda: events(kube, "RunaiUnbindDeferred", "psi"), within=3, what="deferred")
-    put_settings(kube, runai)
-    await wait_until(lambda: kube.get_object("Namespace", "psi") is None, within=5, what="psi gone")
-    assert project["id"] not in runai.projects
+    kube.delete_object("Namespace", "omicron")
+    await wait_until(lambda: set(left_records(kube)) == {"psi", "omicron"}, within=5, what="both recorded")
+    await wait_until(lambda: kube.get_object("Namespace", "omicron") is None, within=5, what="omicron gone")
+    kube.create_object(namespace("omicron"))  # the name comes back before Run:ai does
+    await wait_until(lambda: "omicron" in replica.state.namespaces, within=3, what="cache sees it")
+    put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
+    await wait_until(lambda: psi["id"] not in runai.projects, within=5, what="psi's left project deleted")
+    await wait_until(lambda: left_records(kube) == {}, within=5, what="records dropped")
+    # omicron's Run:ai project is bound to a namespace of that name again: adopted, never deleted.
+    assert omicron["id"] in runai.projects
+    await wait_until(lambda: ns_labels(kube, "omicron").get(QUEUE) == "omicron", within=5, what="adopted")
 
 
 async def test_project_in_another_department_than_expected_reports_drift(

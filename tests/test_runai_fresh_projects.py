@@ -25,6 +25,7 @@ from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
 from webhook.app import ServeOptions
 from webhook.metrics import REGISTRY
+from webhook.runai.binding import FINALIZER
 from webhook.runtime import Runtime
 
 SECRET = "fresh-projects-secret"
@@ -226,3 +227,65 @@ async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gon
     status, view = await other.get("/api/v1/projects/vision/gpu", "alice-token")
     assert status == 200 and view["status"] == "RUN_AI_PROJECT_MISSING", view
     assert_says_missing_and_what_to_do(view["warnings"][0]["message"])
+
+
+# ---- item 7: a project namespace deleted while Run:ai is off ------------------------------------------
+
+
+def events(env: Env, reason: str, name: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in env.emu.objects("Event", "default")
+        if e.get("reason") == reason and e["involvedObject"]["name"] == name
+    ]
+
+
+async def test_deleting_a_project_namespace_while_runai_is_off_completes_and_reports_what_is_left(env: Env) -> None:
+    # Bound earlier, while Run:ai was on: this system created Run:ai project "vision" for it.
+    project = env.runai.add_project("vision", namespace="vision", gpu_quota=1)
+    bound = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": project["id"]})
+    bound["metadata"]["finalizers"] = [FINALIZER]
+    env.emu.create_object(bound)
+    adopted = namespace("adopted", labels={"runai/queue": "adopted"})  # adopted: nothing of ours in Run:ai
+    adopted["metadata"]["finalizers"] = [FINALIZER]
+    env.emu.create_object(adopted)
+    env.settings(run_ai_enable=False)
+    a = await env.start("a")
+
+    env.emu.delete_object("Namespace", "vision")
+    env.emu.delete_object("Namespace", "adopted")
+    await wait_until(
+        lambda: (
+            env.emu.get_object("Namespace", "vision") is None and env.emu.get_object("Namespace", "adopted") is None
+        ),
+        within=10,
+        what="both namespaces deleted (the leader released its finalizer with Run:ai off)",
+    )
+    assert env.runai.requests == []  # off: not a single Run:ai call
+    assert project["id"] in env.runai.projects  # left in Run:ai, and said so:
+    await wait_until(lambda: events(env, "RunaiProjectLeft", "vision"), within=5, what="the Event")
+    [event] = events(env, "RunaiProjectLeft", "vision")
+    assert event["type"] == "Warning"
+    assert f"Run:ai project vision (id {project['id']})" in event["message"], event["message"]
+    assert "run_ai_enable is false" in event["message"] and "left_in_runai" in event["message"]
+    assert events(env, "RunaiProjectLeft", "adopted") == []
+
+    status, view = await a.get("/api/v1/admin/runai", "admin-token")
+    assert status == 200, view
+    assert view["status"] == "RUN_AI_DISABLED"
+    [left] = view["left_in_runai"]
+    assert left["namespace"] == "vision" and left["runai_project"] == "vision"
+    assert left["runai_project_id"] == project["id"] and left["namespace_deleted_at"]
+    assert left["in_runai"] is None  # with Run:ai off it cannot know whether it is still there
+    assert [w["code"] for w in view["warnings"]] == ["RUN_AI_PROJECTS_LEFT"]
+
+    # Turned back on: the leader deletes what it left, and the record goes.
+    env.settings(run_ai_enable=True, run_ai_reconcile_interval_s=1)
+    await wait_until(lambda: project["id"] not in env.runai.projects, within=15, what="left project deleted")
+    await wait_until(
+        lambda: not (env.emu.get_object("ConfigMap", "runai-projects-left", INSTALL_NS) or {}).get("data"),
+        within=5,
+        what="record dropped",
+    )
+    status, view = await a.get("/api/v1/admin/runai", "admin-token")
+    assert status == 200 and view["left_in_runai"] == [] and view["warnings"] == [], view

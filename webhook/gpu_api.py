@@ -36,6 +36,7 @@ from webhook.core.gpu_view import (
 )
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
+from webhook.snapshot import LeftProject
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,8 @@ class GpuViews:
     """The GPU API's answers as objects: read by its routes, the scheduling API and the console.
     `directory` None: Run:ai not configured. `lookup(namespace)` fetches the Run:ai project of a
     namespace bound since the directory's last refresh (`RunaiIntegration.lookup_project`); without
-    it such a project shows as not known yet."""
+    it such a project shows as not known yet. `left_in_runai()` reads the records of Run:ai projects
+    left by namespaces deleted while the integration was off (`LeftProjects.load`), for the admin view."""
 
     def __init__(
         self,
@@ -196,11 +198,13 @@ class GpuViews:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         lookup: Callable[[str], Awaitable[object]] | None = None,
+        left_in_runai: Callable[[], Awaitable[Sequence[LeftProject]]] | None = None,
     ) -> None:
         self.state = state
         self.directory = directory
         self._wall_clock = wall_clock
         self._lookup = lookup
+        self._left_in_runai = left_in_runai
 
         async def fetch(node_pool: str) -> NodePoolMetrics:
             assert directory is not None
@@ -248,13 +252,19 @@ class GpuViews:
             data = replace(data, metrics=got) if isinstance(got, NodePoolMetrics) else replace(data, metrics_error=got)
         return project_gpu_view(ns, snapshot, data, self._wall_clock())
 
-    def admin(self) -> RunaiAdminView | None:
+    async def admin(self) -> RunaiAdminView | None:
         """The admin view; None while Run:ai is on and there has never been Run:ai data."""
         snapshot = self.state.snapshot()
         data = self.runai_data()
         if snapshot.settings.run_ai_enable and (data is None or not data.has_data):
             return None
-        return admin_view(snapshot, data)
+        left: Sequence[LeftProject] = ()
+        if self._left_in_runai is not None:
+            try:
+                left = await self._left_in_runai()
+            except Exception as exc:  # the Kubernetes API failing: the rest of the view still stands
+                log.warning("admin view: cannot read the Run:ai projects left behind: %s", exc)
+        return admin_view(snapshot, data, left)
 
     def routes(self, authorizer: Authorizer) -> list[web.RouteDef]:
         async def project_gpu(request: web.Request) -> web.Response:
@@ -274,7 +284,7 @@ class GpuViews:
                 await authorizer.authorize_admin(bearer_token(request.headers.get("Authorization")))
             except AuthError as exc:
                 return auth_error_response(exc)
-            view = self.admin()
+            view = await self.admin()
             if view is None:
                 return error_response(503, "RUN_AI_UNREACHABLE", NO_RUNAI_DATA)
             return private_json(view.model_dump(mode="json"))

@@ -37,7 +37,8 @@ from webhook.runai.binding import (
     RunaiDisabled,
 )
 from webhook.runai.directory import RunaiDirectory
-from webhook.snapshot import NamespaceInfo
+from webhook.runai.left import LEFT_CONFIGMAP, LeftProjects
+from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, LeftProject, NamespaceInfo
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Reconciler:
         self.mover: MoveRecovery | None = None
         # Deletes the GPU reservation ConfigMaps of namespaces that are gone (webhook.quota).
         self.sweeper: ReservationSweeper | None = None
+        # Run:ai projects left by namespaces deleted while the integration was off.
+        self.left: LeftProjects | None = None
         self.passes = 0  # full passes completed (tests and metrics read it)
         self.last_report: PassReport | None = None
         self._queue: dict[str, None] = {}  # ordered set of namespaces to look at
@@ -186,6 +189,7 @@ class Reconciler:
                             break
                 if not report.unavailable:
                     self._check_drift(report)
+                    await self._settle_left(report)
         if self.sweeper is not None:
             await self.sweeper.sweep(time.time())
         self.last_report = report
@@ -292,26 +296,82 @@ class Reconciler:
                 self.events.forget(namespace)
 
     async def _let_go_while_off(self, info: NamespaceInfo, report: PassReport) -> None:
-        # Run:ai is off, so we may not call it (the seed: turning it off stops every call).
-        # Removing the finalizer would leak a Run:ai project we created, bound to a namespace
-        # name that can come back; keeping it holds up the deletion. We keep it only while the
-        # namespace still says we created something (the project-id label, or an unfinished
-        # intent), and say so in an Event: the seed's way out of Run:ai is to delete the projects
-        # in Run:ai and remove those labels, which releases the namespace here; turning Run:ai
-        # back on deletes the project and releases it too. Adopted or never-bound namespaces
-        # have nothing of ours in Run:ai and are released at once.
-        if info.runai_project_id or BINDING_ANNOTATION in info.annotations:
-            project = info.runai_project_id or "(creation unfinished)"
-            message = (
-                f"namespace deletion waits: this system created the Run:ai project {project} for it, and "
-                "run_ai_enable is false, so it does not call Run:ai to delete it. Turn Run:ai back on, or "
-                f"delete the project in Run:ai and remove the label hopsworks.ai/runai-project-id and "
-                f"the annotation {BINDING_ANNOTATION} from the namespace"
-            )
-            self.events.record(info.name, "RunaiUnbindDeferred", message, warning=True)
+        # Run:ai is off, so we may not call it (the seed: turning it off stops every call), and a
+        # namespace must not stay Terminating for that. What we created in Run:ai (the project-id
+        # label, or an unfinished intent) is written down first (webhook.runai.left), so that the
+        # admin view lists it and the leader deletes it once Run:ai is on again; then the
+        # namespace goes, with an Event saying what was left. Adopted or never-bound namespaces
+        # have nothing of ours in Run:ai.
+        ours = bool(info.runai_project_id or BINDING_ANNOTATION in info.annotations)
+        left: LeftProject | None = None
+        if ours and self.left is not None:
+            try:
+                left = await self.left.record(info)
+            except Exception as exc:  # the Kubernetes API failing: keep the finalizer, try again
+                report.failed[info.name] = f"cannot record the Run:ai project left behind: {exc}"
+                self.events.record(
+                    info.name,
+                    "RunaiUnbindDeferred",
+                    f"namespace deletion waits: the Run:ai project this system created for it cannot be "
+                    f"recorded in ConfigMap {LEFT_CONFIGMAP} ({exc}); retrying",
+                    warning=True,
+                )
+                return
+        if not await self.binder.release_finalizer(info.name):
             return
-        if await self.binder.release_finalizer(info.name):
-            report.unbound.append(info.name)
+        report.unbound.append(info.name)
+        if left is not None:
+            project = left.runai_project or info.name
+            which = f"id {left.runai_project_id}" if left.runai_project_id else "its creation was unfinished"
+            self.events.record(
+                info.name,
+                "RunaiProjectLeft",
+                f"namespace deleted while run_ai_enable is false: the Run:ai project {project} ({which}) that "
+                "this system created for it was not deleted, since no Run:ai call is made while the integration "
+                f"is off. It is listed in GET /api/v1/admin/runai (left_in_runai, ConfigMap {LEFT_CONFIGMAP}); "
+                "delete it in Run:ai, or turn Run:ai back on and the leader deletes it",
+                warning=True,
+            )
+
+    async def _settle_left(self, report: PassReport) -> None:
+        """Run:ai on and reachable: delete the projects recorded as left behind, unless a namespace
+        of that name exists again (then it is bound to it, adopted: not ours to delete)."""
+        if self.left is None:
+            return
+        try:
+            records = await self.left.load()
+        except Exception as exc:
+            log.warning("cannot read %s: %s", LEFT_CONFIGMAP, exc)
+            return
+        settled = []
+        queues = {ns.runai_queue for ns in self.state.namespaces.values()}
+        for record in records:
+            if record.namespace not in self.state.namespaces and record.runai_project not in queues:
+                labels = {RUNAI_PROJECT_ID_LABEL: record.runai_project_id} if record.runai_project_id else {}
+                annotations = {} if record.runai_project_id else {BINDING_ANNOTATION: "{}"}
+                gone = NamespaceInfo(record.namespace, labels=labels, annotations=annotations, deleting=True)
+                try:
+                    deleted = await self.binder.delete_left(gone)
+                except BindingUnavailable as exc:
+                    report.unavailable = True
+                    report.failed[record.namespace] = str(exc)
+                    break
+                except BindingError as exc:
+                    report.failed[record.namespace] = str(exc)
+                    continue
+                if deleted:
+                    self.events.record(
+                        record.namespace,
+                        "RunaiProjectDeleted",
+                        f"deleted the Run:ai project {', '.join(deleted)} left behind when the namespace was "
+                        "deleted while run_ai_enable was false",
+                    )
+            settled.append(record.namespace)
+        if settled:
+            try:
+                await self.left.drop(settled)
+            except Exception as exc:
+                log.warning("cannot update %s: %s", LEFT_CONFIGMAP, exc)
 
     # -- drift ---------------------------------------------------------------------------------
     def _check_drift(self, report: PassReport) -> None:

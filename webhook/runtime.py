@@ -238,7 +238,12 @@ class Runtime:
         }
         gpu_auth = KubeAuthorizer(kube)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
-        views = GpuViews(self.state, DirectoryAdapter(runai.directory, runai.client), lookup=runai.lookup_project)
+        views = GpuViews(
+            self.state,
+            DirectoryAdapter(runai.directory, runai.client),
+            lookup=runai.lookup_project,
+            left_in_runai=runai.left.load,
+        )
         routes = [
             *views.routes(gpu_auth),
             *scheduling_routes(views, gpu_auth),

@@ -151,6 +151,17 @@ class RunaiProjectInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftProject:
+    """A Run:ai project this system created for a namespace deleted while the integration was off
+    (so it could not delete it): what the namespace said when it was let go."""
+
+    namespace: str
+    runai_project: str | None  # the namespace's runai/queue
+    runai_project_id: str | None  # None: creation was unfinished; look for one bound to the namespace
+    deleted_at: str  # RFC 3339
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReservation:
     """GPUs promised to an admitted pod the pod cache may not show yet (shared by all replicas)."""
 

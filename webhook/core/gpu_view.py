@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from webhook.core.validation import gpus_in_use, gpus_left, project_missing_message
 from webhook.runai.models import Department, GpuUsage, NodePool, NodePoolGpuQuota, NodePoolMetrics, Project
 from webhook.settings import quota_checked
-from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
+from webhook.snapshot import ClusterSnapshot, LeftProject, NamespaceInfo, RunaiProjectInfo
 
 # Status and warning codes. `status` is the most important code that applies, else OK.
 OK = "OK"
@@ -41,6 +41,7 @@ UNREACHABLE = "RUN_AI_UNREACHABLE"  # no fresh Run:ai data: numbers are from the
 PROJECT_MISSING = "RUN_AI_PROJECT_MISSING"  # runai/queue names a project Run:ai does not have
 NOT_KNOWN_YET = "RUN_AI_PROJECT_NOT_KNOWN_YET"  # bound after the last refresh, and no lookup answered
 DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
+PROJECTS_LEFT = "RUN_AI_PROJECTS_LEFT"  # admin view: namespaces deleted while off left Run:ai projects
 _SEVERITY = (BINDING_LEFT, NOT_BOUND, UNREACHABLE, PROJECT_MISSING, NOT_KNOWN_YET, DEPARTMENT_DRIFT)
 
 
@@ -132,6 +133,17 @@ class AdminProject(BaseModel):
     warnings: list[GpuWarning] = []
 
 
+class LeftInRunai(BaseModel):
+    """A Run:ai project this system created for a namespace that was deleted while the integration
+    was off, as the namespace said then (`webhook.runai.left`)."""
+
+    namespace: str
+    runai_project: str | None = None
+    runai_project_id: str | None = None  # None: its creation was unfinished
+    namespace_deleted_at: str
+    in_runai: bool | None = None  # None: cannot know now (Run:ai off or unreachable)
+
+
 class RunaiAdminView(BaseModel):
     """`GET /api/v1/admin/runai`."""
 
@@ -141,6 +153,7 @@ class RunaiAdminView(BaseModel):
     default_department: str
     departments: list[AdminDepartment] = []
     projects: list[AdminProject] = []
+    left_in_runai: list[LeftInRunai] = []
     warnings: list[GpuWarning] = []
 
 
@@ -459,8 +472,9 @@ def platform_departments(snapshot: ClusterSnapshot) -> set[str]:
     return {platform_department(ns, default) for ns in project_namespaces(snapshot)} | {default}
 
 
-def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None) -> RunaiAdminView:
-    """Every Run:ai department and platform department, every project namespace: linked or not."""
+def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None, left: Sequence[LeftProject] = ()) -> RunaiAdminView:
+    """Every Run:ai department and platform department, every project namespace: linked or not; and
+    the Run:ai projects left by namespaces deleted while the integration was off."""
     settings = snapshot.settings
     default = settings.run_ai_default_department
     enabled = settings.run_ai_enable
@@ -491,6 +505,18 @@ def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None) -> RunaiAdmin
     warnings: list[GpuWarning] = []
     if enabled and (problem := _unreachable(runai)) is not None:
         warnings.append(problem)
+    left_rows = _left_in_runai(left, runai if enabled and runai.reachable and runai.has_data else None)
+    if any(row.in_runai is not False for row in left_rows):
+        warnings.append(
+            GpuWarning(
+                code=PROJECTS_LEFT,
+                message=(
+                    "project namespaces were deleted while the Run:ai integration was off, leaving Run:ai projects "
+                    "this system created (left_in_runai); delete them in Run:ai, or turn the integration on and "
+                    "the leader deletes them"
+                ),
+            )
+        )
     return RunaiAdminView(
         status=_status(warnings, OK if enabled else RUNAI_DISABLED),
         runai_enabled=enabled,
@@ -498,8 +524,31 @@ def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None) -> RunaiAdmin
         default_department=default,
         departments=rows,
         projects=projects,
+        left_in_runai=left_rows,
         warnings=warnings,
     )
+
+
+def _left_in_runai(left: Sequence[LeftProject], runai: RunaiData | None) -> list[LeftInRunai]:
+    ids = {p.id for p in runai.projects or ()} if runai is not None else set()
+    rows = []
+    for record in left:
+        in_runai: bool | None = None
+        if runai is not None:
+            if record.runai_project_id:
+                in_runai = record.runai_project_id in ids
+            else:
+                in_runai = any(p.requested_namespace == record.namespace for p in runai.projects or ())
+        rows.append(
+            LeftInRunai(
+                namespace=record.namespace,
+                runai_project=record.runai_project,
+                runai_project_id=record.runai_project_id,
+                namespace_deleted_at=record.deleted_at,
+                in_runai=in_runai,
+            )
+        )
+    return rows
 
 
 def _admin_project(

@@ -472,6 +472,13 @@ class Binder:
                 ) from None
             raise BindingError(f"cannot delete the Run:ai project of namespace {info.name}: {exc}") from None
 
+    async def delete_left(self, gone: NamespaceInfo) -> list[str]:
+        """Delete what this system created for a namespace that no longer exists (recorded while
+        Run:ai was off); returns the ids deleted. Raises like `unbind_deleted`."""
+        async with self._namespace_lock(gone.name):
+            deleted, _ = await self._delete_ours(gone)
+            return deleted
+
     async def release_finalizer(self, namespace: str) -> bool:
         """Remove our finalizer without calling Run:ai (nothing of ours left there). True if removed."""
         for _ in range(_MAX_ROUNDS):

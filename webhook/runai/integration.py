@@ -28,6 +28,7 @@ from webhook.reconciler import Reconciler
 from webhook.runai.binding import Binder, BindingUnavailable, BindResult, EventRecorder
 from webhook.runai.client import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.directory import RunaiDirectory
+from webhook.runai.left import LeftProjects
 from webhook.settings import ClusterSettings
 from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait
@@ -126,6 +127,8 @@ class RunaiIntegration:
             backoff_initial_s=options.backoff_initial_s,
             backoff_max_s=options.backoff_max_s,
         )
+        self.left = LeftProjects(kube_api)
+        self.reconciler.left = self.left
         self.leader = LeaderElector(
             api_client,
             options.install_namespace,
