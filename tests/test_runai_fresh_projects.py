@@ -214,13 +214,15 @@ async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gon
     del env.runai.projects[project_id]
     calls_before = runai_request_calls()
 
-    answer = await other.review("/validate/pods", notebook("vision", "nb-1"))
-    assert answer["allowed"] is False, answer
-    assert_says_missing_and_what_to_do(answer["status"]["message"])
+    # Three at once on the replica that never saw the project: one lookup between them.
+    answers = await asyncio.gather(*(other.review("/validate/pods", notebook("vision", f"nb-{i}")) for i in range(3)))
+    for answer in answers:
+        assert answer["allowed"] is False, answer
+        assert_says_missing_and_what_to_do(answer["status"]["message"])
     # One lookup, by name, as the spec's filterBy says; the second request knows already.
     lookups = [r for r in env.runai.requests if r.path == "/api/v1/org-unit/projects" and "filterBy" in r.query]
     assert [r.query["filterBy"] for r in lookups][-1:] == [f"name==vision,clusterId=={env.runai.cluster_id}"]
-    again = await other.review("/validate/pods", notebook("vision", "nb-2"))
+    again = await other.review("/validate/pods", notebook("vision", "nb-3"))
     assert_says_missing_and_what_to_do(again["status"]["message"])
     assert runai_request_calls() - calls_before == 1
 
@@ -289,3 +291,23 @@ async def test_deleting_a_project_namespace_while_runai_is_off_completes_and_rep
     )
     status, view = await a.get("/api/v1/admin/runai", "admin-token")
     assert status == 200 and view["left_in_runai"] == [] and view["warnings"] == [], view
+
+
+async def test_a_lookup_that_runai_does_not_answer_in_time_refuses_to_retry_within_the_webhook_timeout(
+    env: Env,
+) -> None:
+    a = await env.start("a")
+    b = await env.start("b")
+    await bound_on_both(env, (a, b), "vision")
+    other = b if "vision" in (a.runtime.state.snapshot().runai_projects or {}) else a
+    env.runai.set_latency(4.0, method="GET", path="/api/v1/org-unit/projects")
+    started = asyncio.get_running_loop().time()
+    answer = await other.review("/validate/pods", notebook("vision", "nb-1"))
+    took = asyncio.get_running_loop().time() - started
+    assert answer["allowed"] is False, answer
+    assert answer["status"]["code"] == 503 and "Try again in a few seconds" in answer["status"]["message"]
+    assert took < 5.0, took  # the apiserver gives the webhook 10 s; the lookup is cut at 2 s
+    env.runai.clear_faults()
+    # Run:ai answers again: the same pod is checked against the quota and admitted.
+    answer = await other.review("/validate/pods", notebook("vision", "nb-1"))
+    assert answer["allowed"] is True and not answer.get("warnings"), answer

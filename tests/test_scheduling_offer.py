@@ -161,7 +161,7 @@ GPU_CASES = [
     ("quota-unrecognised-pod", True, 2, None, True),
     ("not-bound-notebook", False, 2, "notebook", False),
     ("not-bound-job", False, 2, "job", False),
-    ("project-missing-in-runai", True, None, "notebook", True),
+    ("project-missing-in-runai", True, None, "notebook", False),
 ]
 
 
@@ -173,6 +173,8 @@ def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
     st = cluster_state(namespaces=[ns], run_ai_enable=True)
     snap = st.snapshot()
     projects = [_runai_project("gpu", deserved)] if deserved is not None else []
+    snap.runai_reachable = True
+    snap.runai_missing = {"gpu": "gpu"} if bound and deserved is None else {}  # the refresh saw it gone
     snap.runai_projects = {
         p.name: RunaiProjectInfo(id=p.id, name=p.name, namespace=p.name, deserved_gpus=p.gpu_quota) for p in projects
     }

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from webhook.core.gpu_view import NOT_BOUND, GpuAvailability
+from webhook.core.gpu_view import NOT_BOUND, NOT_KNOWN_YET, PROJECT_MISSING, GpuAvailability
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
 from webhook.settings import WORKLOAD_KINDS, quota_checked
 from webhook.snapshot import ClusterSnapshot
@@ -81,8 +81,9 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
     Run:ai off, GPUs are Kubernetes' to schedule; on, nothing starts in a project not bound yet,
     and a kind Run:ai does not preempt (notebook, terminal, app, deployment, and a pod no kind rule
     recognises: `kind` None) gets GPUs only in a project with deserved GPUs. Jobs are not held to
-    the quota; nor is anything while Run:ai's view of the project is missing (Run:ai enforces it
-    then)."""
+    the quota; nor is anything while Run:ai is unreachable (Run:ai enforces it then). A project
+    whose Run:ai project is gone from Run:ai, or not known here yet, gets none: admission refuses
+    those too."""
     project = view.project
     common = {
         "deserved": project.quota if project is not None else None,
@@ -99,6 +100,11 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
         return answer(False, False, "the project is not bound to Run:ai yet: its workloads start once it is")
     if not quota_checked(kind):
         return answer(True, False, f"{kind}s are preemptible: not held to the deserved GPUs")
+    codes = {w.code for w in view.warnings}
+    if project is None and PROJECT_MISSING in codes:
+        return answer(False, False, "the project's Run:ai project no longer exists in Run:ai; see the GPU view")
+    if project is None and NOT_KNOWN_YET in codes:
+        return answer(False, False, "the project was bound to Run:ai moments ago; try again in a few seconds")
     if project is None:
         return answer(True, False, "Run:ai's view of the project is missing: the quota is not checked here")
     if not project.quota > 0:
