@@ -15,6 +15,7 @@ which is false.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -231,20 +232,25 @@ class GpuViews:
             return None
         data = self.runai_data()
         if (
-            self._lookup is not None
-            and data is not None
+            data is not None
             and data.has_data
             and data.reachable
             and ns.runai_queue
             and snapshot.runai_missing.get(namespace) != ns.runai_queue
             and find_project(ns, data.projects or ()) is None
         ):
-            # Bound after the last refresh (e.g. by another replica): one bounded, shared lookup.
-            try:
-                await self._lookup(namespace)
-            except RunaiError as exc:
-                log.info("GPU view of %s: Run:ai project lookup failed: %s", namespace, exc)
-            data = self.runai_data()
+            if self._lookup is None:
+                # No lookup (e.g. a folder's Run:ai snapshot): the data is all there is to know.
+                snapshot = dataclasses.replace(
+                    snapshot, runai_missing={**snapshot.runai_missing, namespace: ns.runai_queue}
+                )
+            else:
+                # Bound after the last refresh (e.g. by another replica): one bounded, shared lookup.
+                try:
+                    await self._lookup(namespace)
+                except RunaiError as exc:
+                    log.info("GPU view of %s: Run:ai project lookup failed: %s", namespace, exc)
+                data = self.runai_data()
         pool = view_node_pool(ns, snapshot, data) if with_metrics else None
         if data is not None and pool is not None and data.reachable:
             # A control plane the directory cannot reach gets no extra call from here.
@@ -252,19 +258,25 @@ class GpuViews:
             data = replace(data, metrics=got) if isinstance(got, NodePoolMetrics) else replace(data, metrics_error=got)
         return project_gpu_view(ns, snapshot, data, self._wall_clock())
 
-    async def admin(self) -> RunaiAdminView | None:
-        """The admin view; None while Run:ai is on and there has never been Run:ai data."""
+    def admin(self, left: Sequence[LeftProject] = ()) -> RunaiAdminView | None:
+        """The admin view; None while Run:ai is on and there has never been Run:ai data. `left`:
+        the records `left_in_runai()` read (`load_left`)."""
         snapshot = self.state.snapshot()
         data = self.runai_data()
         if snapshot.settings.run_ai_enable and (data is None or not data.has_data):
             return None
-        left: Sequence[LeftProject] = ()
-        if self._left_in_runai is not None:
-            try:
-                left = await self._left_in_runai()
-            except Exception as exc:  # the Kubernetes API failing: the rest of the view still stands
-                log.warning("admin view: cannot read the Run:ai projects left behind: %s", exc)
         return admin_view(snapshot, data, left)
+
+    async def load_left(self) -> Sequence[LeftProject]:
+        """The Run:ai projects left by namespaces deleted while the integration was off (none
+        when no reader was given or the Kubernetes API fails: the rest of the view still stands)."""
+        if self._left_in_runai is None:
+            return ()
+        try:
+            return await self._left_in_runai()
+        except Exception as exc:
+            log.warning("admin view: cannot read the Run:ai projects left behind: %s", exc)
+            return ()
 
     def routes(self, authorizer: Authorizer) -> list[web.RouteDef]:
         async def project_gpu(request: web.Request) -> web.Response:
@@ -284,7 +296,7 @@ class GpuViews:
                 await authorizer.authorize_admin(bearer_token(request.headers.get("Authorization")))
             except AuthError as exc:
                 return auth_error_response(exc)
-            view = await self.admin()
+            view = self.admin(await self.load_left())
             if view is None:
                 return error_response(503, "RUN_AI_UNREACHABLE", NO_RUNAI_DATA)
             return private_json(view.model_dump(mode="json"))
