@@ -161,6 +161,7 @@ def with_runai_view(state: ClusterState, namespaces: int) -> None:
 
 def _request(state: ClusterState) -> dict[str, Any]:
     pod = realistic_pod(TARGET, kind_label={"hopsworks.ai/workload-type": "notebook"}, gpus=1)
+    pod["metadata"]["labels"]["runai/queue"] = TARGET  # as /mutate/pods leaves it for /validate/pods (S5)
     request = admission_review(pod)["request"]
     snapshot = state.snapshot()
     if not (mutate_pod(request, snapshot).allowed and validate_pod(request, snapshot, 0.0).allowed):

@@ -241,4 +241,5 @@ def mutate_body() -> bytes:
 def validate_body() -> bytes:
     pod = realistic_pod(RUNAI_PROJECT, kind_label={"hopsworks.ai/workload-type": "notebook"}, gpus=2)
     pod["metadata"]["annotations"].pop("scheduling.hopsworks.ai/topology")
+    pod["metadata"]["labels"]["runai/queue"] = RUNAI_PROJECT  # as /mutate/pods left it (S5)
     return json.dumps(admission_review(pod)).encode()

@@ -317,6 +317,20 @@ def test_mutating_configuration_is_called_before_kueue_and_runai(rendered: list[
         assert hook["reinvocationPolicy"] == "IfNeeded"
 
 
+def test_webhook_names_sort_before_runai(rendered: list[dict[str, Any]]) -> None:
+    # S5: our mutating webhook binds a project before Run:ai's webhooks (runai-*) see its pods.
+    # Configurations run in name order; the webhook names are checked too, so that a rename (or a
+    # merge into one configuration with Run:ai's hooks, where the order is the list's) cannot slip
+    # ours behind Run:ai's. Validating webhooks run in parallel, so only their configuration's
+    # name is held to this.
+    configurations = [o for o in rendered if o["kind"].endswith("WebhookConfiguration")]
+    assert {o["kind"] for o in configurations} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    names = [o["metadata"]["name"] for o in configurations]
+    names += [h["name"] for h in one(rendered, "MutatingWebhookConfiguration")["webhooks"]]
+    for name in names:
+        assert name < "runai-", f"{name!r} sorts after Run:ai's webhooks (runai-*)"
+
+
 def test_every_webhook_is_v1_short_and_explicit(rendered: list[dict[str, Any]], ca_bundle: str) -> None:
     service = one(rendered, "Service")
     hooks = webhooks(rendered)
@@ -340,9 +354,11 @@ def test_every_webhook_is_v1_short_and_explicit(rendered: list[dict[str, Any]], 
 
 def test_side_effects_as_designed(rendered: list[dict[str, Any]]) -> None:
     hooks = webhooks(rendered)
-    # validate-pods reserves GPUs and may bind the namespace; nothing else writes.
-    assert hooks["validate-pods.scheduling.hopsworks.ai"]["sideEffects"] == "NoneOnDryRun"
-    for name in set(hooks) - {"validate-pods.scheduling.hopsworks.ai"}:
+    # validate-pods reserves GPUs and mutate-pods may bind the namespace; nothing else writes.
+    writers = {"validate-pods.scheduling.hopsworks.ai", "mutate-pods.scheduling.hopsworks.ai"}
+    for name in writers:
+        assert hooks[name]["sideEffects"] == "NoneOnDryRun", name
+    for name in set(hooks) - writers:
         assert hooks[name]["sideEffects"] == "None", name
 
 

@@ -25,12 +25,13 @@ from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import owned_by, pod_review
 from webhook.app import AdmissionHandler, create_app
 from webhook.core.decision import Decision
-from webhook.core.validation import NOT_BOUND, OVER_QUOTA, validate_pod
+from webhook.core.scheduling import BINDING_SETTLING
+from webhook.core.validation import NOT_BOUND, OVER_QUOTA, QUEUE_MISSING, validate_pod
 from webhook.kubeapi import KubeApi
 from webhook.metrics import REGISTRY
 from webhook.quota import GpuReservations, configmap_name, validate_pods_handler
-from webhook.quota.handlers import RUNAI_UNREACHABLE
 from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, UNPROVEN, WATCH_NAME
+from webhook.runai.admission import RUNAI_UNREACHABLE, mutate_pods_handler
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.kube import WatchTiming
 from webhook.state.store import ClusterState
@@ -80,8 +81,10 @@ class Replica:
     state: ClusterState
     store: GpuReservations
     binder: FakeBinder
-    handler: AdmissionHandler
+    handler: AdmissionHandler  # /validate/pods
     kube_api: KubeApi
+    mutate: AdmissionHandler  # /mutate/pods, which binds an unbound project
+    clock: Clock
 
 
 def remote_request_calls() -> float:
@@ -89,8 +92,10 @@ def remote_request_calls() -> float:
 
 
 def notebook(uid: str, gpus: float | None = 1, ns: str = "vision", dry_run: bool = False, **kw: Any) -> dict[str, Any]:
-    """A real pod CREATE review for a GPU notebook, with the uid the apiserver gives the pod."""
-    data = pod_review(ns, labels=kw.pop("labels", NOTEBOOK), gpus=gpus, dry_run=dry_run, uid=f"req-{uid}", **kw)
+    """A real pod CREATE review for a GPU notebook, with the uid the apiserver gives the pod and the
+    project's runai/queue label (as the mutating webhook set it)."""
+    labels = {**kw.pop("labels", NOTEBOOK), "runai/queue": ns}
+    data = pod_review(ns, labels=labels, gpus=gpus, dry_run=dry_run, uid=f"req-{uid}", **kw)
     meta = data["request"]["object"]["metadata"]
     meta.update(uid=uid, name=f"nb-{uid}")
     return data["request"]
@@ -138,8 +143,11 @@ async def replicas(kube: KubeEmulator) -> AsyncIterator[Callable[..., Any]]:
                     stack.push_async_callback(store.stop)
                     await eventually(lambda s=state: s.synced.get(WATCH_NAME), message="reservation watch synced")
                 binder = FakeBinder(kube_api, state)
-                handler = validate_pods_handler(state, store, binder, clock=clock or Clock())
-                out.append(Replica(state, store, binder, handler, kube_api))
+                replica_clock = clock or Clock()
+                state.clock = replica_clock
+                handler = validate_pods_handler(state, store, clock=replica_clock)
+                mutate = mutate_pods_handler(state, binder, clock=replica_clock)
+                out.append(Replica(state, store, binder, handler, kube_api, mutate, replica_clock))
             return out
 
         yield make
@@ -264,27 +272,44 @@ async def test_conflicts_past_the_retry_bound_fail_closed(kube: KubeEmulator, re
     assert len(kube.calls("PUT", CM_PATH)) == 10
 
 
-async def test_unbound_project_is_bound_on_first_start_then_reserved(
+async def test_unbound_project_is_bound_in_the_mutating_phase_its_first_pod_refused_then_reserved(
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
     (a,) = await replicas(1, deserved=1)
+    first = await a.mutate(notebook("uid-1", ns="nlp"))
+    # Bound, but this pod's mutating phase started before: Run:ai's webhooks would not see it.
+    assert not first.allowed and first.reason == BINDING_SETTLING and first.code == 503, first.message
+    assert "has just been bound to Run:ai project nlp" in first.message and "Create it again" in first.message
+    assert a.binder.calls == ["nlp"]
+    assert kube.get_object("Namespace", "nlp")["metadata"]["labels"]["runai/queue"] == "nlp"
+    # Retried at once: still held back until the binding has settled.
+    assert (await a.mutate(notebook("uid-1", ns="nlp"))).reason == BINDING_SETTLING
+    a.clock.now += 1.5
+    again = await a.mutate(notebook("uid-1", ns="nlp"))
+    assert again.allowed and again.audit.get("runai-queue") == "nlp", again.message
     decision = await a.handler(notebook("uid-1", ns="nlp"))
     assert decision.allowed, decision.message
-    assert a.binder.calls == ["nlp"]
-    assert any("bound to Run:ai project nlp" in w for w in decision.warnings)
-    assert kube.get_object("Namespace", "nlp")["metadata"]["labels"]["runai/queue"] == "nlp"
-    assert set(stored(kube, "nlp")) == {"uid-1"}  # decided on the binding at once, and reserved
+    assert set(stored(kube, "nlp")) == {"uid-1"}
     # Bound now: the next one is decided on quota, no second bind.
     assert not (await a.handler(notebook("uid-2", ns="nlp"))).allowed
+    assert (await a.mutate(notebook("uid-2", ns="nlp"))).allowed
     assert a.binder.calls == ["nlp"]
 
 
-async def test_a_binding_is_seen_at_once_not_when_the_watch_brings_it(
+async def test_validation_refuses_pods_of_unbound_projects_and_pods_without_the_queue(
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
     (a,) = await replicas(1, deserved=1)
-    assert (await a.handler(notebook("uid-1", ns="nlp"))).allowed
-    assert set(stored(kube, "nlp")) == {"uid-1"}
+    unbound = await a.handler(notebook("uid-1", ns="nlp"))
+    assert not unbound.allowed and unbound.reason == NOT_BOUND
+    other = notebook("uid-2")
+    other["object"]["metadata"]["labels"]["runai/queue"] = "nlp"  # another project's queue
+    assert (await a.handler(other)).reason == QUEUE_MISSING
+    request = notebook("uid-3")
+    del request["object"]["metadata"]["labels"]["runai/queue"]
+    missing = await a.handler(request)
+    assert not missing.allowed and missing.reason == QUEUE_MISSING
+    assert a.binder.calls == [] and writes(kube) == 0
 
 
 async def test_unbound_project_with_runai_unreachable_is_refused(
@@ -292,22 +317,22 @@ async def test_unbound_project_with_runai_unreachable_is_refused(
 ) -> None:
     (a,) = await replicas(1)
     a.binder.reachable = False
-    decision = await a.handler(notebook("uid-1", ns="nlp"))
+    decision = await a.mutate(notebook("uid-1", ns="nlp"))
     assert not decision.allowed and decision.reason == RUNAI_UNREACHABLE and decision.code == 503
     assert "not bound to a Run:ai project yet" in decision.message
     assert "Run:ai control plane at http://127.0.0.1:9 did not answer" in decision.message
     assert "unreachable" in decision.message and "Try again later" in decision.message
     assert writes(kube) == 0
     # Jobs too: nothing starts outside Run:ai's governance (R2).
-    job = await a.handler(notebook("uid-2", ns="nlp", labels={"job-name": "train"}))
+    job = await a.mutate(notebook("uid-2", ns="nlp", labels={"job-name": "train"}))
     assert not job.allowed and job.reason == RUNAI_UNREACHABLE
 
 
 async def test_dry_run_on_an_unbound_project_does_not_bind(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:
     (a,) = await replicas(1)
-    decision = await a.handler(notebook("uid-1", ns="nlp", dry_run=True))
+    decision = await a.mutate(notebook("uid-1", ns="nlp", dry_run=True))
     assert not decision.allowed and decision.reason == NOT_BOUND
-    assert "a real (not dry-run) request binds it" in decision.message
+    assert "a real (not dry-run) pod creation binds it" in decision.message
     assert a.binder.calls == [] and writes(kube) == 0
 
 

@@ -42,7 +42,7 @@ from tests.support.kube_emulator import (
 )
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import write_kubeconfig
+from tests.support.runtime import binding_settled, write_kubeconfig
 from webhook.app import ServeOptions
 from webhook.manifests import render
 from webhook.runai.left import LEFT_CONFIGMAP
@@ -191,6 +191,7 @@ async def bind_vision(c: Cluster) -> None:
     await wait_until(lambda: "runai/queue" in labels_of(c.emu, "vision"), within=15, what="vision bound")
     state = c.runtime.state
     await wait_until(lambda: "vision" in (state.snapshot().runai_projects or {}), within=20, what="quota known")
+    await binding_settled(c.runtime, "vision")
 
 
 async def admit_gpu_notebook(c: Cluster, uid: str) -> dict[str, Any]:

@@ -189,7 +189,13 @@ def gpu_notebook(ns: str, gpus: int = 1) -> dict[str, Any]:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "nb", "namespace": ns, "uid": "u1", "labels": {"hopsworks.ai/workload-type": "notebook"}},
+        # runai/queue as the mutating webhook sets it for a bound project (S5)
+        "metadata": {
+            "name": "nb",
+            "namespace": ns,
+            "uid": "u1",
+            "labels": {"hopsworks.ai/workload-type": "notebook", "runai/queue": ns},
+        },
         "spec": {"containers": [{"name": "main", "image": "x", "resources": resources}]},
     }
     return {

@@ -17,7 +17,7 @@ from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import TOKEN, apiserver_session, base_url, binding_settled, start_runtime
 
 SECRET = "standin-client-secret"
 
@@ -82,6 +82,7 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
             await wait_until(
                 lambda: "vision" in (runtime.state.snapshot().runai_projects or {}), within=20, what="quota known"
             )
+            await binding_settled(runtime, "vision")  # S5: its pods are admitted once the binding settled
 
             # A GPU notebook: mutation puts it in the Run:ai queue, validation admits it within quota.
             first = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-1")
@@ -93,12 +94,18 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
             assert (await admit("/validate/pods", first))["allowed"] is True
 
             # The second one finds the GPU taken, by the reservation, before the pod cache shows it.
-            second = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-2")
+            second = pod_review("vision", labels={"jupyter": "true", "runai/queue": "vision"}, gpus=1, uid="nb-2")
             refused = await admit("/validate/pods", second)
             assert refused["allowed"] is False
             assert "0 of 1 deserved GPUs left" in refused["status"]["message"]
             # Jobs (pods of a batch Job) are never checked.
-            job = pod_review("vision", labels={"job-name": "train"}, gpus=4, uid="job-1", owners=owned_by("Job"))
+            job = pod_review(
+                "vision",
+                labels={"job-name": "train", "runai/queue": "vision"},
+                gpus=4,
+                uid="job-1",
+                owners=owned_by("Job"),
+            )
             assert (await admit("/validate/pods", job))["allowed"] is True
 
             # The GPU view, as a project member sees it; no token is 401.
@@ -133,9 +140,10 @@ async def test_with_several_runai_clusters_only_the_named_one_is_used(
     try:
         async with apiserver_session(certs) as session:
             emu.create_object(namespace("vision"))
-            # Two clusters and no name: nothing is bound, and the refusal names the clusters.
+            # Two clusters and no name: nothing is bound, and the refusal (of the pod whose mutating
+            # phase tries to bind its project) names the clusters.
             review = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid="nb-1")
-            async with session.post(f"{base_url(options)}/validate/pods", json=review) as resp:
+            async with session.post(f"{base_url(options)}/mutate/pods", json=review) as resp:
                 refused = (await resp.json())["response"]
             assert refused["allowed"] is False
             assert "gpu-east, hopsworks" in refused["status"]["message"], refused["status"]["message"]

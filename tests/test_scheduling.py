@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import local_queue, namespace, priority_class, snapshot
+from tests.support.cluster import cluster_state, local_queue, namespace, priority_class, snapshot
 from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, owned_by, pod_review, review
-from webhook.core.scheduling import mutate_pod
+from webhook.core.scheduling import BINDING_SETTLING, mutate_pod
 
 ZONE = "topology.kubernetes.io/zone=eu-1a"
 A100 = "nvidia.com/gpu.product=A100"
@@ -345,11 +345,10 @@ CASES = [
         check=_eq(("metadata", "labels", "runai/queue"), "bound"),
     ),
     Case(
-        "S5 Run:ai on, namespace unbound: no queue label from mutation",
+        "S5 Run:ai on, namespace unbound: refused, never admitted without runai/queue (the shell binds first)",
         settings={"run_ai_enable": True},
-        check=lambda pod: (
-            pytest.fail("runai/queue set") if "runai/queue" in pod["metadata"].get("labels", {}) else None
-        ),
+        allowed=False,
+        message=("not bound to a Run:ai project yet",),
     ),
     Case(
         "S5 Run:ai off: a bound namespace gets no Run:ai label",
@@ -468,3 +467,33 @@ def test_settings_change_applies_to_the_next_decision() -> None:
     assert "runai/queue" not in json.dumps(mutate_pod(data["request"], state.snapshot()).patch)
     state.apply(settings_configmap(run_ai_enable=True))
     assert "runai~1queue" in json.dumps(mutate_pod(data["request"], state.snapshot()).patch)
+
+
+SEEN = 5_000.0  # when the replica's cache first showed the binding
+
+
+@pytest.mark.parametrize(
+    ("now", "seen_at", "allowed"),
+    [
+        (None, SEEN, True),  # no clock given (the offline `review`): no wait
+        (SEEN + 0.2, SEEN, False),  # bound moments ago: the apiserver may not select Run:ai's webhook yet
+        (SEEN + 0.99, SEEN, False),
+        (SEEN + 1.0, SEEN, True),
+        (SEEN + 0.2, 0.0, True),  # bound before this replica's first list
+    ],
+)
+def test_s5_pods_wait_for_a_fresh_binding_to_settle(now: float | None, seen_at: float, allowed: bool) -> None:
+    state = cluster_state(run_ai_enable=True)
+    listed = [namespace("hopsworks", project=False), namespace("bound", labels={"runai/queue": "bound"})]
+    state.replace_all("Namespace", listed)  # the initial list: bound before this replica started
+    state.clock = lambda: seen_at
+    state.apply(namespace("bound", labels={"runai/queue": "bound", "x": "y"}))  # the label stays: stamp kept
+    assert state.namespaces["bound"].runai_queue_seen_at == 0.0
+    state.apply(namespace("bound"))  # unbound, then bound again: a new binding
+    state.apply(namespace("bound", labels={"runai/queue": "bound"}))
+    assert state.namespaces["bound"].runai_queue_seen_at == seen_at
+    decision = mutate_pod(pod_review("bound")["request"], state.snapshot(), now, settle_s=1.0)
+    assert decision.allowed is allowed, decision.message
+    if not allowed:
+        assert decision.reason == BINDING_SETTLING and decision.code == 503
+        assert "moments ago" in decision.message and "again" in decision.message

@@ -17,6 +17,7 @@ from webhook.core.validation import (
     NOT_KNOWN_HERE,
     OVER_QUOTA,
     PROJECT_MISSING,
+    QUEUE_MISSING,
     format_gpus,
     gpus_in_use,
     gpus_left,
@@ -71,6 +72,7 @@ class Case:
     reason: str = ""
     message: tuple[str, ...] = ()
     warning: str = ""
+    queue: str | None = "vision"  # the pod's runai/queue label, as the mutating webhook set it
 
 
 CASES = [
@@ -83,6 +85,16 @@ CASES = [
         reason=NOT_BOUND,
     ),
     Case("R3 within quota", gpus=2),
+    Case(
+        "S5 a pod of a bound project without runai/queue did not pass Run:ai's admission",
+        queue=None,
+        gpus=0,
+        allowed=False,
+        reason=QUEUE_MISSING,
+        message=("lacks runai/queue=vision", "create it again"),
+    ),
+    Case("S5 a pod labelled with another project's queue is refused", queue="nlp", allowed=False, reason=QUEUE_MISSING),
+    Case("S5 Run:ai off: runai/queue is not required", run_ai=False, queue=None),
     Case(
         "R5 a project moving between departments starts nothing",
         namespace="moving",
@@ -282,9 +294,8 @@ def test_pod_validation(case: Case) -> None:
             for k, g in case.reservations.items()
         }
     }
-    data = pod_review(
-        case.namespace, labels=case.labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners
-    )
+    labels = {**case.labels, **({"runai/queue": case.queue} if case.queue else {})}
+    data = pod_review(case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners)
     decision = validate_pod(data["request"], snap, now=NOW)
     assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
 

@@ -193,6 +193,7 @@ class Runtime:
         from webhook.kubeapi import KubeApi
         from webhook.quota import GpuReservations
         from webhook.quota.handlers import validate_pods_handler
+        from webhook.runai.admission import mutate_pods_handler
         from webhook.runai.departments import DepartmentMover
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
         from webhook.scheduling_api import scheduling_routes
@@ -229,9 +230,9 @@ class Runtime:
         handlers: dict[str, AdmissionHandler] = {
             # /validate/workloads stays the cache-only default: a scale without a template passes
             # with a warning and its pods are checked one by one.
-            "/validate/pods": validate_pods_handler(
-                self.state, reservations, runai.bind_for_admission, lookup=runai.lookup_project
-            ),
+            # Binding on a first start happens in the mutating phase, so Run:ai's webhooks see the pod.
+            "/mutate/pods": mutate_pods_handler(self.state, runai.bind_for_admission),
+            "/validate/pods": validate_pods_handler(self.state, reservations, lookup=runai.lookup_project),
             "/validate/settings": settings_handler(
                 self.state, options.guard_config(), runai.directory.department_names
             ),

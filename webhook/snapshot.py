@@ -44,6 +44,10 @@ class NamespaceInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     resource_version: str = ""
+    # When this replica's cache first showed the current `runai/queue` label (time.time()); 0.0
+    # when it was already there at the initial list. Admission waits a moment after a binding so
+    # the apiserver's own namespace cache (which Run:ai's webhook selector reads) has it too.
+    runai_queue_seen_at: float = 0.0
 
     @property
     def is_project(self) -> bool:

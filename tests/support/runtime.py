@@ -9,6 +9,7 @@ await runtime.shutdown()
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,13 @@ from tests.support.https import (
     client_ssl_context,
     free_port,
     make_cert_files,
+    wait_until,
 )
 from tests.support.kube_emulator import KubeEmulator
 from webhook.app import ServeOptions
+from webhook.core.scheduling import BINDING_SETTLE_S
 from webhook.runtime import Runtime
+from webhook.tls import CertKey
 
 TOKEN = "webhook-token"  # the emulator's token for the webhook's ServiceAccount
 
@@ -48,12 +52,18 @@ def write_kubeconfig(path: Path, url: str, token: str) -> Path:
 
 
 async def start_runtime(
-    tmp_path: Path, emu: KubeEmulator, *, wait_ready_s: float | None = 10.0, **options: Any
+    tmp_path: Path,
+    emu: KubeEmulator,
+    ca: CertKey | None = None,
+    *,
+    wait_ready_s: float | None = 10.0,
+    **options: Any,
 ) -> tuple[Runtime, ServeOptions, CertFiles]:
     """`serve` with no state folder, reading the emulator through a kubeconfig; `options` are
-    further ServeOptions (e.g. `runai_secret_dir`). The server listens before its caches have
-    listed; this waits until they have (`wait_ready_s=None`: return as soon as it listens)."""
-    certs = make_cert_files(tmp_path / "certs")
+    further ServeOptions (e.g. `runai_secret_dir`). Replicas behind one Service share `ca`. The
+    server listens before its caches have listed; this waits until they have (`wait_ready_s=None`:
+    return as soon as it listens)."""
+    certs = make_cert_files(tmp_path / "certs", ca=ca)  # makes tmp_path too
     serve = ServeOptions(
         host=LOOPBACK,
         port=free_port(),
@@ -83,3 +93,18 @@ def apiserver_session(certs: CertFiles) -> aiohttp.ClientSession:
 
 def base_url(options: ServeOptions) -> str:
     return f"https://{SERVICE_HOST}:{options.port}"
+
+
+async def binding_settled(runtime: Runtime, namespace: str) -> None:
+    """Until the runtime admits pods of a freshly bound project: its binding has been in the cache
+    for BINDING_SETTLE_S (so the apiserver's own cache has it too, see webhook.runai.admission)."""
+
+    def settled() -> bool:
+        info = runtime.state.namespaces.get(namespace)
+        return (
+            info is not None
+            and info.runai_queue is not None
+            and (time.time() - info.runai_queue_seen_at >= BINDING_SETTLE_S)
+        )
+
+    await wait_until(settled, within=BINDING_SETTLE_S + 5, what=f"binding of {namespace} settled")

@@ -1,7 +1,7 @@
 """Rules S1–S6: the scheduling a pod in a project namespace gets, as a pure decision.
 
-`mutate_pod(request, snapshot)` reads the AdmissionReview request (a dict), the cluster snapshot and
-the settings in it, and returns a Decision with the minimal JSON patch. It never calls out.
+`mutate_pod(request, snapshot, now)` reads the AdmissionReview request (a dict), the cluster snapshot
+and the settings in it, and returns a Decision with the minimal JSON patch. It never calls out.
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from webhook.snapshot import (
 # Required node affinity is a handful of expressions; the cap bounds the patch a hostile pod could
 # make us build (its terms are copied once per affinity key).
 MAX_RESULT_EXPRESSIONS = 10_000
+# S5 refusals. NOT_BOUND: the project has no Run:ai binding yet (the shell binds, then refuses);
+# BINDING_SETTLING: bound moments ago, so the apiserver may not select Run:ai's webhook yet.
+NOT_BOUND = "RunaiProjectNotBound"
+BINDING_SETTLING = "RunaiBindingSettling"
+# How long a binding must have been in this replica's watch-fed cache before its pods are admitted.
+# The apiserver evaluates Run:ai's namespaceSelector against its own informer cache, fed by the
+# same watch as ours but without the network hop, so it normally has the label first; the margin
+# covers a second apiserver whose cache trails (milliseconds in practice; a second is ample).
+BINDING_SETTLE_S = 1.0
+
 REQUIRED_AFFINITY_PATH = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -130,11 +140,18 @@ class _Mutation:
     errors: list[str] = field(default_factory=list)
 
 
-def mutate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decision:
+def mutate_pod(
+    request: Mapping[str, Any], snapshot: ClusterSnapshot, now: float | None = None, settle_s: float = BINDING_SETTLE_S
+) -> Decision:
+    """`now`: the time, to hold pods back while a fresh Run:ai binding settles (None: no wait)."""
     target = pod_target(request, snapshot)
     if target is None:
         return Decision.allow()
     settings = snapshot.settings
+    if settings.run_ai_enable:
+        held = runai_binding_refusal(target.namespace, now, settle_s)
+        if held is not None:
+            return held
     # The offer is what the scheduling API shows: a choice outside it is refused, its defaults apply.
     offer = scheduling_offer(target.namespace, snapshot)
     m = _Mutation(target=target, offer=offer, snapshot=snapshot, patch=PodPatch(target.pod), warnings=list(offer.notes))
@@ -387,10 +404,32 @@ def _kueue_off(m: _Mutation) -> None:
 
 
 # -- S5: Run:ai --------------------------------------------------------------------------------
+def runai_binding_refusal(namespace: NamespaceInfo, now: float | None, settle_s: float) -> Decision | None:
+    """Run:ai on: a pod is admitted only when its namespace was bound before this mutating phase,
+    so that the apiserver also calls Run:ai's own webhooks (selected by the namespace's
+    `runai/queue` label) for it. Otherwise refused; the shell binds an unbound project first."""
+    queue = namespace.runai_queue
+    if queue is None:
+        return Decision.deny(
+            f"project namespace {namespace.name} is not bound to a Run:ai project yet; its workloads start once it is",
+            code=403,
+            reason=NOT_BOUND,
+        )
+    if now is not None and now - namespace.runai_queue_seen_at < settle_s:
+        return Decision.deny(
+            f"project namespace {namespace.name} was bound to Run:ai project {queue} moments ago; its pods are "
+            f"admitted once the binding has reached the Kubernetes API server's cache (within {settle_s:g} s), so "
+            "that Run:ai's own admission sees it. Create the pod again (controllers retry on their own)",
+            code=503,
+            reason=BINDING_SETTLING,
+        )
+    return None
+
+
 def _runai_queue(m: _Mutation) -> None:
     queue = m.target.namespace.runai_queue
     if queue is None:
-        return  # not bound yet: /validate/pods binds it or refuses the pod
+        return  # runai_binding_refusal refused the pod already
     current = m.target.labels.get(RUNAI_QUEUE_LABEL)
     if current is not None and current != queue:
         # A pod must never run in another project's Run:ai queue.

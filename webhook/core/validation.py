@@ -1,9 +1,11 @@
 """R2/R3 as pure decisions: is the pod's project bound, and does its GPU request fit the quota.
 
-`validate_pod(request, snapshot, now)` never calls out. What it cannot decide alone it says with a
-reason the shell acts on: `RunaiProjectNotBound` (bind now, or refuse if Run:ai is unreachable) and
-`RunaiProjectNotKnownHere` (Run:ai answers, but this replica has no record of the project yet, e.g.
-another replica bound it moments ago: look that one project up, or refuse and let the user retry).
+`validate_pod(request, snapshot, now)` never calls out. Binding happens in the mutating phase
+(`webhook.runai.admission`); here an unbound project, or a pod without its project's `runai/queue`
+label, is refused: such a pod did not pass Run:ai's admission (defence in depth for S5). What it
+cannot decide alone it says with a reason the shell acts on: `RunaiProjectNotKnownHere` (Run:ai
+answers, but this replica has no record of the project yet, e.g. another replica bound it moments
+ago: look that one project up, or refuse and let the user retry).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from typing import Any
 
 from webhook.core.decision import Decision
 from webhook.core.kinds import pod_gpu_request
-from webhook.core.scheduling import pod_target
+from webhook.core.scheduling import NOT_BOUND, pod_target
 from webhook.settings import quota_checked
-from webhook.snapshot import ClusterSnapshot, RunaiProjectInfo
+from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
 
-NOT_BOUND = "RunaiProjectNotBound"
 NOT_KNOWN_HERE = "RunaiProjectNotKnownHere"
 PROJECT_MISSING = "RunaiProjectMissing"
+QUEUE_MISSING = "RunaiQueueMissing"
 OVER_QUOTA = "GpuQuotaExceeded"
 MOVING = "ProjectMoving"
 EPSILON = 1e-9  # fractions add up in floating point
@@ -121,6 +123,15 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",
             code=403,
             reason=NOT_BOUND,
+        )
+    if target.labels.get(RUNAI_QUEUE_LABEL) != ns.runai_queue:
+        # Our mutating webhook labels every pod of a bound project; a pod without the label (or with
+        # another) was mutated before the binding, so Run:ai's webhooks did not see it either.
+        return Decision.deny(
+            f"pod lacks {RUNAI_QUEUE_LABEL}={ns.runai_queue}, the Run:ai queue of project {ns.name}, so it did not "
+            "pass Run:ai's admission; create it again (the scheduling webhook adds the label)",
+            code=403,
+            reason=QUEUE_MISSING,
         )
     try:
         # Every kind: a request that cannot be read would count as NaN or infinity in the caches.

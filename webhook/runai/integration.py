@@ -66,8 +66,8 @@ class IntegrationOptions:
     backoff_max_s: float = 60.0
     settings_check_s: float = 5.0  # settings are followed by ConfigMap events; this is a safety net
     client_close_grace_s: float = 30.0  # calls in flight on a replaced client may finish
-    # Binding on admission, within validate-pods' timeoutSeconds (10 s) with room for the
-    # reservation write (at most 5 s) that follows it.
+    # Binding on admission, well within mutate-pods' timeoutSeconds (10 s): a bind cut short is
+    # finished by the next binder, and the pod gets a refusal with a reason, not a timeout.
     request_bind_budget_s: float = 4.0
     # Looking up a project bound since the last refresh, on admission: the same 10 s, also followed
     # by the reservation write; a lookup that takes longer refuses the pod with a retryable message.
@@ -239,7 +239,7 @@ class RunaiIntegration:
         """Bind on a workload's first start (R2). Raises BindingError subclasses with a message for
         the user: BindingUnavailable when Run:ai is unreachable or too slow.
 
-        Bounded by `request_bind_budget_s`: the apiserver gives /validate/pods 10 s, and a timeout
+        Bounded by `request_bind_budget_s`: the apiserver gives /mutate/pods 10 s, and a timeout
         there would refuse the pod with no reason. A bind cut short leaves its recorded intent,
         which the next binder (or the leader's pass) finishes."""
         budget = self.options.request_bind_budget_s

@@ -58,6 +58,8 @@ class ClusterState:
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
         self.synced: dict[str, bool] = {}
         self.listeners: list[Listener] = []
+        self.clock: Callable[[], float] = time.time  # stamps NamespaceInfo.runai_queue_seen_at
+        self._listing = False  # inside replace_all: what a full list shows is not news
 
     # -- views -------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
@@ -77,7 +79,7 @@ class ClusterState:
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
         if kind == "Namespace":
-            self.namespaces[name] = NamespaceInfo.from_object(obj)
+            self.namespaces[name] = self._stamped(NamespaceInfo.from_object(obj))
         elif kind == "PriorityClass":
             self.priority_classes[name] = PriorityClassInfo.from_object(obj)
         elif kind == "ConfigMap":
@@ -158,7 +160,23 @@ class ClusterState:
             isinstance(o.get("metadata"), Mapping) and o["metadata"].get("name") == SETTINGS_CONFIGMAP for o in objects
         ):
             self._apply_settings({})
-        apply_each(kind, objects, self.apply)
+        self._listing = True
+        try:
+            apply_each(kind, objects, self.apply)
+        finally:
+            self._listing = False
+
+    def _stamped(self, info: NamespaceInfo) -> NamespaceInfo:
+        """Carry over (or set) when the namespace's current Run:ai binding was first seen here."""
+        queue = info.runai_queue
+        if queue is None:
+            return info
+        old = self.namespaces.get(info.name)
+        if old is not None and old.runai_queue == queue:
+            seen = old.runai_queue_seen_at
+        else:
+            seen = 0.0 if self._listing else self.clock()
+        return dataclasses.replace(info, runai_queue_seen_at=seen) if seen else info
 
     def _mark_unreadable(self, uid: str, unreadable: bool) -> None:
         if unreadable:
