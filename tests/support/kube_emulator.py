@@ -16,7 +16,9 @@ Deliberate simplifications (say so when a test relies on them):
   (`spec.finalizers` is not emulated);
 - a create keeps the `status` it is given (handy for tests; the apiserver resets pod status), while
   updates of the main resource keep the stored status for kinds with a status subresource;
-- no admission, no defaulting, no schema validation beyond names.
+- no admission, defaulting or schema validation of its own beyond names; an admission chain
+  (`tests/support/admission_chain.py`) can be attached: `AdmissionChain(...).install(emulator)`
+  then runs the apiserver's admission on every create, update and delete made over HTTP.
 
 RBAC (opt-in, `KubeEmulator(rbac=True)`): every request from a non-superuser token is authorized
 as the apiserver's RBAC authorizer does it, from the Role/ClusterRole/RoleBinding/ClusterRoleBinding
@@ -41,7 +43,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import jsonpatch
 from aiohttp import web
@@ -476,6 +478,35 @@ def _without_rv(obj: Mapping[str, Any]) -> Obj:
     return {**obj, "metadata": meta}
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionAttributes:
+    """One write as admission sees it (the apiserver's admission.Attributes)."""
+
+    operation: str  # CREATE, UPDATE, DELETE
+    rt: ResourceType
+    namespace: str
+    name: str
+    obj: Obj | None  # None on DELETE
+    old: Obj | None  # None on CREATE
+    dry_run: bool
+    user: User
+    subresource: str = ""
+
+
+class Admission(Protocol):
+    """Called around a write made over HTTP: `mutate` before the object is prepared for storage
+    (it may return a changed object), `validate` on the prepared object just before it is stored.
+    Both raise ApiError to refuse."""
+
+    async def mutate(self, attrs: AdmissionAttributes) -> Obj | None: ...
+
+    async def validate(self, attrs: AdmissionAttributes) -> None: ...
+
+
+Observer = Callable[[str, ResourceType, Obj], None]  # (event type, resource type, object) per commit
+ADMIN = User("kubernetes-admin", ("system:masters", "system:authenticated"), "admin-uid")
+
+
 class KubeEmulator:
     """Start with `async with KubeEmulator() as kube:`; point a client at `kube.client_config()`."""
 
@@ -523,6 +554,8 @@ class KubeEmulator:
         self._continues: dict[str, tuple[int, list[Obj]]] = {}
         self._runner: web.AppRunner | None = None
         self._port = 0
+        self.admission: Admission | None = None  # runs on writes made over HTTP when set
+        self.observers: list[Observer] = []  # told of every committed change, e.g. an admission cache
         # Every cluster has `default`; Events about cluster-scoped objects live there.
         self.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
 
@@ -763,6 +796,8 @@ class KubeEmulator:
                 out = self._filter(watch, event)
                 if out is not None:
                     watch.queue.put_nowait(out)
+        for observer in self.observers:
+            observer(etype, rt, obj)
 
     @staticmethod
     def _filter(watch: _Watch, event: _Event) -> tuple[str, Obj] | None:
@@ -851,7 +886,17 @@ class KubeEmulator:
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if dry_run:
             return obj
-        meta["resourceVersion"] = str(self._next_rv())
+        return self._store_created(rt, ns, obj)
+
+    def _store_created(self, rt: ResourceType, ns: str, obj: Obj) -> Obj:
+        """Commit an object `_create(dry_run=True)` prepared (re-checked: admission awaited in between)."""
+        name = obj["metadata"]["name"]
+        self._check_namespace(rt, ns)
+        if (ns, name) in self._bucket(rt):
+            raise ApiError(409, f'{rt.plural}{"." + rt.group if rt.group else ""} "{name}" already exists',
+                           reason="AlreadyExists", details={"name": name, "group": rt.group,
+                                                            "kind": rt.plural})  # fmt: skip
+        obj["metadata"]["resourceVersion"] = str(self._next_rv())
         self._commit(rt, "ADDED", (ns, name), obj, None)
         return obj
 
@@ -1162,6 +1207,9 @@ class KubeEmulator:
                     return await self._watch(request, rt, ns, selector)
                 return web.json_response(self._list(rt, ns, selector, q))
             if method == "POST":
+                if self.admission is not None:
+                    created = await self._admitted_create(request, rt, obj_ns, body, dry_run)
+                    return web.json_response(created, status=201)
                 return web.json_response(self._create(rt, obj_ns, body, dry_run), status=201)
             if method == "DELETE":
                 selector = self._selector(rt, q)
@@ -1177,13 +1225,61 @@ class KubeEmulator:
         if method == "PUT":
             if sub == "finalize":  # namespaces/{name}/finalize: spec.finalizers only, not emulated
                 return web.json_response(self._bucket(rt).get((obj_ns, name)) or self._missing(rt, name))
-            return web.json_response(self._update(rt, obj_ns, name, body, sub, dry_run))
+            updated = self._update(rt, obj_ns, name, body, sub, dry_run=self.admission is not None or dry_run)
+            return web.json_response(await self._admitted_update(request, rt, obj_ns, name, updated, sub, dry_run))
         if method == "PATCH":
-            return web.json_response(self._patch(rt, obj_ns, name, request.content_type, body, sub, dry_run))
+            patched = self._patch(
+                rt, obj_ns, name, request.content_type, body, sub, self.admission is not None or dry_run
+            )
+            return web.json_response(await self._admitted_update(request, rt, obj_ns, name, patched, sub, dry_run))
         if method == "DELETE":
             options = body if isinstance(body, dict) else {}
+            if self.admission is not None:
+                current = self._bucket(rt).get((obj_ns, name))
+                if current is None:
+                    raise _not_found(rt, name)
+                attrs = AdmissionAttributes(
+                    "DELETE", rt, obj_ns, name, None, current, dry_run, self._request_user(request), sub
+                )
+                await self.admission.mutate(attrs)
+                await self.admission.validate(attrs)
             return web.json_response(self._delete(rt, obj_ns, name, options, dry_run))
         raise ApiError(405, f"{method} is not supported")
+
+    def _request_user(self, request: web.Request) -> User:
+        auth = request.headers.get("Authorization", "")
+        return self.users.get(auth[7:] if auth.startswith("Bearer ") else "", ADMIN)
+
+    async def _admitted_create(self, request: web.Request, rt: ResourceType, ns: str, body: Any, dry_run: bool) -> Obj:
+        """The apiserver's order: mutating admission on the object as sent (no name from
+        generateName, no uid yet), then naming and defaults, then validating admission, then storage."""
+        assert self.admission is not None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body of the request was in an unknown format")
+        user = self._request_user(request)
+        name = str((body.get("metadata") or {}).get("name") or "")
+        attrs = AdmissionAttributes("CREATE", rt, ns, name, copy.deepcopy(body), None, dry_run, user)
+        mutated = await self.admission.mutate(attrs)
+        prepared = self._create(rt, ns, mutated if mutated is not None else body, dry_run=True)
+        final = AdmissionAttributes("CREATE", rt, ns, prepared["metadata"]["name"], prepared, None, dry_run, user)
+        await self.admission.validate(final)
+        return prepared if dry_run else self._store_created(rt, ns, prepared)
+
+    async def _admitted_update(
+        self, request: web.Request, rt: ResourceType, ns: str, name: str, new: Obj, sub: str, dry_run: bool
+    ) -> Obj:
+        """`new` is the update as prepared (not stored) when admission is on; else already stored."""
+        current = self._bucket(rt).get((ns, name))
+        if self.admission is None or current is None or new is current:
+            return new  # no admission, or a no-op write (stored as it was)
+        user = self._request_user(request)
+        attrs = AdmissionAttributes("UPDATE", rt, ns, name, copy.deepcopy(new), current, dry_run, user, sub)
+        mutated = await self.admission.mutate(attrs)
+        candidate = mutated if mutated is not None else new
+        final = AdmissionAttributes("UPDATE", rt, ns, name, candidate, current, dry_run, user, sub)
+        await self.admission.validate(final)
+        # Written with the resourceVersion it was prepared from: a change made meanwhile is a 409.
+        return self._update(rt, ns, name, candidate, sub, dry_run)
 
     @staticmethod
     def _missing(rt: ResourceType, name: str) -> Obj:
