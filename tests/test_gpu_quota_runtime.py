@@ -19,7 +19,7 @@ from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import TOKEN, apiserver_session, base_url, binding_settled, start_runtime
 from webhook.app import ServeOptions
 from webhook.quota.reservations import DEFAULT_TTL_S
 from webhook.runtime import Runtime
@@ -117,6 +117,7 @@ async def quota_known(*replicas: Replica) -> None:
             within=10,
             what="the Run:ai project and the namespace in the caches",
         )
+        await binding_settled(replica.runtime, "vision")  # S5: a fresh binding's pods wait a moment
 
 
 async def start_pod(emu: KubeEmulator, replica: Replica, review: dict[str, Any]) -> dict[str, Any]:

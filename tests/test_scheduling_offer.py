@@ -183,6 +183,8 @@ def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
     offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind)
     assert offer.allowed is allowed, offer
     labels = {"hopsworks.ai/workload-type": kind} if kind else {}
+    if bound:
+        labels["runai/queue"] = "gpu"  # as the mutating webhook set it (S5)
     owners = owned_by("Job") if kind in ("job", "system-job") else None  # what makes a job
     decision = validate_pod(pod_review("gpu", labels=labels, gpus=1, owners=owners)["request"], snap, 0)
     assert decision.allowed is allowed, decision.message
