@@ -376,7 +376,8 @@ def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annot
     assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 1
     snap = state.snapshot()
     snap.runai_projects = {"vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=8)}
-    decision = validate_pod(pod_review("vision", labels=NOTEBOOK, gpus=1)["request"], snap, now=NOW)
+    labels = {**NOTEBOOK, "runai/queue": "vision"}  # as the mutating webhook set it (S5)
+    decision = validate_pod(pod_review("vision", labels=labels, gpus=1)["request"], snap, now=NOW)
     assert_decision(decision, allowed=False, reason=OVER_QUOTA)
     state.delete(poison)
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 3
