@@ -113,7 +113,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 def notebook(ns: str, uid: str, gpus: float = 1) -> dict[str, Any]:
-    return pod_review(ns, labels={"jupyter": "true"}, gpus=gpus, uid=uid)
+    return pod_review(ns, labels={"jupyter": "true", "runai/queue": ns}, gpus=gpus, uid=uid)
 
 
 # ---- item 2: no over-admission right after binding -------------------------------------------------
