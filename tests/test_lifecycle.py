@@ -1,5 +1,6 @@
 """The real server as a process: SIGTERM under load, certificate rotation under load, settings
-edited in the state folder, the Kueue + Run:ai refusal at start, and the README's flow.
+edited in the state folder, starting on the defaults when Kueue and Run:ai are both on, and the
+README's flow.
 
 Each test starts `python -m webhook serve --state <copy of examples/cluster> --certs <tmp>` on
 127.0.0.1 and talks to it over HTTPS as the apiserver does (the test CA only, the Service name

@@ -378,7 +378,7 @@ def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annot
     snap.runai_projects = {"vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=8)}
     labels = {**NOTEBOOK, "runai/queue": "vision"}  # as the mutating webhook set it (S5)
     decision = validate_pod(pod_review("vision", labels=labels, gpus=1)["request"], snap, now=NOW)
-    assert_decision(decision, allowed=False, reason=OVER_QUOTA)
+    assert_decision(decision, allowed=False, reason=OVER_QUOTA, message=("cannot be read", "poison"))
     state.delete(poison)
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 3
     assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 0

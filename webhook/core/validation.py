@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision
-from webhook.core.kinds import pod_gpu_request
+from webhook.core.kinds import UNREADABLE_POD_GPUS, pod_gpu_request
 from webhook.core.scheduling import NOT_BOUND, pod_target
 from webhook.settings import quota_checked
 from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
@@ -153,6 +153,16 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
     )
 
 
+def _unreadable_note(snapshot: ClusterSnapshot, namespace: str) -> str:
+    # Such pods count as the most a pod may ask for (webhook.state.store.pod_record): say which,
+    # so the refusal points at what to fix rather than at a quota that looks used up.
+    names = sorted(p.name for p in snapshot.pods.get(namespace, {}).values() if p.gpus_unreadable and not p.finished)
+    if not names:
+        return ""
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f" (pods whose GPU request cannot be read count as {format_gpus(UNREADABLE_POD_GPUS)} GPUs each: {shown})"
+
+
 def check_quota(
     snapshot: ClusterSnapshot, namespace: str, gpus: float, now: float, *, asks: str, exclude: str = ""
 ) -> Decision:
@@ -169,7 +179,7 @@ def check_quota(
     if gpus > left + EPSILON:
         return Decision.deny(
             f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
-            "left; " + asks,
+            "left; " + asks + _unreadable_note(snapshot, namespace),
             code=403,
             reason=OVER_QUOTA,
         )
