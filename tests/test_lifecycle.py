@@ -158,6 +158,9 @@ class Load:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     max_requests: int = 20_000  # bounded even if the stop signal never comes
 
+    def __post_init__(self) -> None:
+        review_body("first")  # without ../shared this skips the test here, not inside a worker task
+
     async def run(self, client: aiohttp.ClientSession) -> None:
         async def worker(w: int) -> None:
             i = 0

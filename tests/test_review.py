@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.reviews import FIXTURES, assert_valid_pod
+from tests.support.reviews import assert_valid_pod, review
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "examples" / "cluster"
@@ -51,11 +51,11 @@ def test_a_refusal_exits_1_and_says_why(tmp_path: Path) -> None:
 
 
 def test_a_whole_admission_review_is_read_too(tmp_path: Path) -> None:
-    review = json.loads((FIXTURES / "pod-create-kubectl-run.json").read_text())
-    review["request"]["namespace"] = "fraud-detection"
-    review["request"]["object"]["metadata"]["namespace"] = "fraud-detection"
+    whole = review("pod-create-kubectl-run.json")
+    whole["request"]["namespace"] = "fraud-detection"
+    whole["request"]["object"]["metadata"]["namespace"] = "fraud-detection"
     file = tmp_path / "review.json"
-    file.write_text(json.dumps(review))
+    file.write_text(json.dumps(whole))
     result = run_review(file)
     assert result.returncode == 0, result.stderr
     assert "injected: priority-class=high" in result.stdout  # the project's own default

@@ -28,6 +28,8 @@ from openapi_core import OpenAPI
 from openapi_core.testing import MockRequest, MockResponse
 from yarl import URL
 
+from tests.support.shared import SHARED_ENV, missing, shared_dir
+
 SPEC_ENV = "RUNAI_OPENAPI_SPEC"
 
 # The Run:ai paths this system calls; the stand-in serves exactly these.
@@ -43,12 +45,11 @@ USED_PATHS = (
 
 
 def spec_path() -> Path:
-    """`$RUNAI_OPENAPI_SPEC`, else `<repo>/../shared/runai/runai-openapi.json`."""
+    """`$RUNAI_OPENAPI_SPEC`, else `runai/runai-openapi.json` in the shared folder (`$SCHEDULING_WEBHOOK_SHARED`)."""
     override = os.environ.get(SPEC_ENV)
     if override:
         return Path(override)
-    repo = Path(__file__).resolve().parents[2]
-    return repo.parent / "shared" / "runai" / "runai-openapi.json"
+    return shared_dir() / "runai" / "runai-openapi.json"
 
 
 def _refs(node: Any) -> Iterable[str]:
@@ -94,7 +95,10 @@ def trimmed_spec(full: Mapping[str, Any], paths: Iterable[str] = USED_PATHS) -> 
 
 @functools.cache
 def _loaded() -> tuple[OpenAPI, str]:
-    full = json.loads(spec_path().read_text(encoding="utf-8"))
+    path = spec_path()
+    if not path.is_file():
+        missing(path, f"the Run:ai OpenAPI spec: set {SPEC_ENV} or {SHARED_ENV}")
+    full = json.loads(path.read_text(encoding="utf-8"))
     spec = trimmed_spec(full)
     server = (spec.get("servers") or [{"url": "https://app.run.ai"}])[0]["url"].rstrip("/")
     return OpenAPI.from_dict(spec), server
@@ -193,6 +197,9 @@ def spec_middleware(violations: list[Violation]) -> Callable[[web.Request, Handl
     Violations are appended to `violations`; the exchange itself is not changed, so a test sees
     both what the client did and what the spec says about it.
     """
+    # Loaded here, in the test's setup, so a missing spec skips the test rather than becoming a
+    # 500 inside the stand-in's handler.
+    checked_spec()
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
