@@ -1,0 +1,143 @@
+"""The requests shipped in examples/requests/, answered by the app against examples/cluster.
+
+In-process through pytest-aiohttp's `aiohttp_client` (plain HTTP on loopback): these are route and
+handler tests, so the transport adds nothing here; tests/test_server.py, test_tls.py and
+test_lifecycle.py keep real HTTPS with certificate and hostname checks. None of this needs ../shared,
+so a clone on its own runs it: the README's examples keep working there too.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp.test_utils import TestClient
+
+from tests.support.reviews import apply_patch, assert_valid_pod
+from webhook.app import create_app
+from webhook.state.folder import load_into
+from webhook.state.store import ClusterState
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUESTS = ROOT / "examples" / "requests"
+CLUSTER = ROOT / "examples" / "cluster"
+
+ClientFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+def example(name: str) -> dict[str, Any]:
+    return json.loads((REQUESTS / name).read_text())
+
+
+def example_state(folder: Path = CLUSTER) -> ClusterState:
+    """A cluster folder as `make run` reads it."""
+    state = ClusterState("hopsworks")
+    load_into(state, folder)
+    return state
+
+
+def with_settings(tmp_path: Path, **flat: str) -> Path:
+    """A copy of examples/cluster with flat settings changed, as a user editing 20-settings.yaml would."""
+    folder = tmp_path / "cluster"
+    shutil.copytree(CLUSTER, folder)
+    settings = folder / "20-settings.yaml"
+    doc = yaml.safe_load(settings.read_text())
+    doc["data"].update(flat)
+    settings.write_text(yaml.safe_dump(doc))
+    return folder
+
+
+async def ask(client: TestClient[Any, Any], path: str, review: dict[str, Any]) -> dict[str, Any]:
+    resp = await client.post(path, json=review)
+    assert resp.status == 200, await resp.text()  # a refusal too: the decision is in the body
+    answer = await resp.json()
+    assert answer["response"]["uid"] == review["request"]["uid"]
+    return answer["response"]
+
+
+def patched(review: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    pod = apply_patch(review["request"]["object"], json.loads(base64.b64decode(response["patch"])))
+    assert_valid_pod(pod)
+    return pod
+
+
+@pytest.fixture
+async def client(aiohttp_client: ClientFactory) -> TestClient[Any, Any]:
+    return await aiohttp_client(create_app(example_state()))
+
+
+def test_every_shipped_request_is_a_json_admission_review() -> None:
+    names = sorted(p.name for p in REQUESTS.glob("*.json"))
+    assert names == ["gpu-notebook.json", "kueue-pod.json", "notebook-zone.json", "refused-priority.json"]
+    for name in names:
+        review = example(name)
+        assert review["kind"] == "AdmissionReview" and review["request"]["operation"] == "CREATE", name
+
+
+async def test_readme_example_is_patched_with_zone_priority_and_anti_affinity(client: TestClient[Any, Any]) -> None:
+    review = example("notebook-zone.json")
+    response = await ask(client, "/mutate/pods", review)
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    assert response["auditAnnotations"] == {
+        "affinity": "topology.kubernetes.io/zone=eu-1a",
+        "anti-affinity": "maintenance=true",
+        "priority-class": "normal",
+    }
+    pod = patched(review, response)
+    assert pod["spec"]["priorityClassName"] == "normal" and pod["spec"]["priority"] == 10000
+
+
+async def test_a_refusal_is_http_200_with_allowed_false_and_a_code(client: TestClient[Any, Any]) -> None:
+    response = await ask(client, "/mutate/pods", example("refused-priority.json"))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403 and response["status"]["reason"] == "Forbidden"
+    assert "allowed: low, normal" in response["status"]["message"]
+
+
+async def test_gpu_notebook_gets_the_project_defaults_and_passes_validation(client: TestClient[Any, Any]) -> None:
+    review = example("gpu-notebook.json")
+    mutated = await ask(client, "/mutate/pods", review)
+    assert mutated["auditAnnotations"]["priority-class"] == "high"  # fraud-detection's own default
+    assert mutated["auditAnnotations"]["affinity"] == "nvidia.com/gpu.product=A100"
+    pod = patched(review, mutated)
+    validated = await ask(client, "/validate/pods", {**review, "request": {**review["request"], "object": pod}})
+    assert validated["allowed"] is True  # Run:ai is off in examples/cluster: no quota to check
+
+
+async def test_kueue_pod_warns_while_kueue_is_off(client: TestClient[Any, Any]) -> None:
+    response = await ask(client, "/mutate/pods", example("kueue-pod.json"))
+    assert response["allowed"] is True
+    assert any("Kueue is not installed" in w for w in response["warnings"])
+
+
+async def test_kueue_pod_gets_its_queue_and_topology_with_kueue_on(
+    aiohttp_client: ClientFactory, tmp_path: Path
+) -> None:
+    client = await aiohttp_client(create_app(example_state(with_settings(tmp_path, kueue_installed="true"))))
+    review = example("kueue-pod.json")
+    response = await ask(client, "/mutate/pods", copy.deepcopy(review))
+    assert response["allowed"] is True and not response.get("warnings")
+    pod = patched(review, response)
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"
+    assert pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == "topology.kubernetes.io/zone"
+
+
+async def test_bad_bodies_get_4xx_with_a_reason(client: TestClient[Any, Any]) -> None:
+    wrong_type = await client.post("/mutate/pods", data=b"{}", headers={"Content-Type": "text/plain"})
+    assert wrong_type.status == 415 and "Content-Type" in (await wrong_type.json())["error"]
+    not_a_review = await client.post("/mutate/pods", json={"kind": "Pod"})
+    assert not_a_review.status == 400 and (await not_a_review.json())["error"]
+
+
+async def test_probes_and_metrics_answer(client: TestClient[Any, Any]) -> None:
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    metrics = await client.get("/metrics")
+    assert metrics.status == 200 and "webhook_admission_requests_total" in await metrics.text()
