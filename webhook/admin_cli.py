@@ -1,7 +1,8 @@
 """`scheduling-webhook admin ...`: call the admin API of a running server over HTTPS.
 
 Exit codes: 0 done, 1 the server refused or the action failed (the answer says why), 2 the server
-could not be reached or answered something unreadable, or no token was given.
+could not be reached or answered something unreadable, runs in folder mode (no admin API), or no
+token was given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import quote
 import aiohttp
 
 from webhook.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
+from webhook.app import CLUSTER_MODE_ONLY
 
 TIMEOUT_S = 120.0  # a department delete moves projects one at a time
 
@@ -31,13 +33,17 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]
     raise ValueError(f"unknown admin action {args.action!r}")
 
 
-async def _call(server: str, ca: str | None, token: str, method: str, path: str, body: Any) -> tuple[int, Any]:
+async def _call(
+    server: str, server_name: str | None, ca: str | None, token: str, method: str, path: str, body: Any
+) -> tuple[int, Any]:
     ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
-        session.request(method, server.rstrip("/") + path, json=body, headers=headers, ssl=ctx) as resp,
+        session.request(
+            method, server.rstrip("/") + path, json=body, headers=headers, ssl=ctx, server_hostname=server_name
+        ) as resp,
     ):
         text = await resp.text()
         try:
@@ -80,9 +86,12 @@ def admin_command(args: argparse.Namespace) -> int:
         print(f"CA file {args.ca} not found", file=sys.stderr)
         return 2
     try:
-        status, answer = asyncio.run(_call(args.server, ca, token, method, path, body))
+        status, answer = asyncio.run(_call(args.server, args.server_name, ca, token, method, path, body))
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         print(f"cannot reach {args.server}: {exc}", file=sys.stderr)
+        return 2
+    if status == 404 and isinstance(answer, dict) and answer.get("code") == CLUSTER_MODE_ONLY:
+        print(f"{args.server}: {answer['error']}", file=sys.stderr)
         return 2
     ok = 200 <= status < 300
     _print_answer(status, answer, sys.stdout if ok else sys.stderr)

@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from errno import EADDRINUSE
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,23 @@ def _settings_problem(state: ClusterState) -> ReadinessCheck:
     return check
 
 
+CLUSTER_MODE_ONLY = "ClusterModeOnly"
+
+
+def cluster_mode_only_routes() -> list[web.RouteDef]:
+    """In folder mode (--state) the admin API does not exist: say why instead of a bare 404.
+    Registered after the folder mode's own routes, so it answers only what they do not serve."""
+
+    async def needs_cluster(request: web.Request) -> web.Response:
+        reason = (
+            f"{request.method} {request.path} needs cluster mode: this server reads a folder (--state), "
+            "which has no Run:ai or namespaces to change; run it against a cluster (in-cluster or --kubeconfig)"
+        )
+        return web.json_response({"error": reason, "code": CLUSTER_MODE_ONLY}, status=404)
+
+    return [web.route("*", "/api/{tail:.*}", needs_cluster)]
+
+
 def _caches_ready(state: ClusterState) -> ReadinessCheck:
     def check() -> str | None:
         if state.ready():
@@ -356,6 +374,13 @@ def run_server(args: argparse.Namespace) -> int:
         asyncio.run(serve(ServeOptions.from_args(args)))
     except StartupError as exc:
         log.error("not starting: %s", exc)
+        return 2
+    except OSError as exc:
+        # Listening failed (a port in use, an address not on this host): a line, not a traceback.
+        hint = (
+            " (another server runs there? choose --port, or PORT=... with make run)" if exc.errno == EADDRINUSE else ""
+        )
+        log.error("not starting: %s%s", exc.strerror or exc, hint)
         return 2
     return 0
 

@@ -8,17 +8,35 @@ import os
 import sys
 
 
+class HELP(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default in --help unless there is none or the help text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, [], False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# What a shell reports for a process killed by SIGPIPE (128 + 13).
+EXIT_PIPE_CLOSED = 141
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scheduling-webhook", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
+    parser = argparse.ArgumentParser(prog="scheduling-webhook", description=__doc__, formatter_class=HELP)
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="log verbosity")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the admission server")
-    serve.add_argument("--state", help="a folder of Kubernetes YAML to use instead of an API server")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=HELP)
+
+    serve = command("serve", "run the admission server")
+    serve.add_argument("--state", default=None, help="a folder of Kubernetes YAML to use instead of an API server")
     serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-    serve.add_argument("--certs", default="certs", help="folder with tls.crt, tls.key (and ca.crt)")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument("--certs", default="certs/dev", help="folder with tls.crt, tls.key (and ca.crt)")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (webhooks, APIs, probes, /metrics)")
     serve.add_argument(
         "--probe-port",
         type=int,
@@ -42,34 +60,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="this server's own ServiceAccount name, also $SERVICE_ACCOUNT_NAME (its namespace edits are its own)",
     )
 
-    certs = sub.add_parser("certs", help="make a CA and a serving certificate")
-    certs.add_argument("--out", default="certs")
-    certs.add_argument("--service", default="scheduling-webhook")
-    certs.add_argument("--namespace", default="hopsworks")
+    certs = command("certs", "make a CA (kept if one exists) and a serving certificate")
+    certs.add_argument(
+        "--out", default="certs/cluster", help="folder for ca.crt, ca.key, tls.crt, tls.key (make run uses certs/dev)"
+    )
+    certs.add_argument("--service", default="scheduling-webhook", help="the Service the apiserver calls")
+    certs.add_argument("--namespace", default="hopsworks", help="the Service's namespace")
     certs.add_argument("--hostname", action="append", default=[], help="extra DNS name (repeatable)")
     certs.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
-    certs.add_argument("--days", type=int, default=365)
+    certs.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
     certs.add_argument("--new-ca", action="store_true", help="make a new CA even when one exists")
+    certs.add_argument(
+        "--keep-valid",
+        action="store_true",
+        help="keep tls.crt when the CA signed it, it names every name asked for and has 30+ days left",
+    )
 
-    manifests = sub.add_parser("manifests", help="render manifests/ with a values file")
-    manifests.add_argument("--values", default=None)
+    manifests = command("manifests", "render manifests/ with a values file")
+    manifests.add_argument("--values", default=None, help="values file (see examples/values.example.yaml)")
     manifests.add_argument("--out", default=None, help="write here instead of stdout")
 
-    review = sub.add_parser("review", help="offline: decide on a Pod or AdmissionReview file")
-    review.add_argument("file")
-    review.add_argument("--state", required=True)
-    review.add_argument("--namespace", default="hopsworks")
+    review = command(
+        "review",
+        "offline: decide on a Pod or AdmissionReview file; exit 0 allowed, 1 refused, 2 bad input, "
+        f"{EXIT_PIPE_CLOSED} when the reader of stdout went away",
+    )
+    review.add_argument("file", help="YAML or JSON file, or - for stdin")
+    review.add_argument("--state", required=True, help="a folder of Kubernetes YAML, e.g. examples/cluster")
+    review.add_argument("--namespace", default="hopsworks", help="install namespace (where the settings live)")
 
-    admin = sub.add_parser("admin", help="administrator actions against a running server")
+    admin = command("admin", "administrator actions against a running server in cluster mode")
     admin_sub = admin.add_subparsers(dest="action", required=True)
-    move = admin_sub.add_parser("move-project")
-    move.add_argument("namespace")
-    move.add_argument("department")
-    delete = admin_sub.add_parser("delete-department")
-    delete.add_argument("name")
+    move = admin_sub.add_parser(
+        "move-project", help="move a project to another Run:ai department", formatter_class=HELP
+    )
+    move.add_argument("namespace", help="the project namespace")
+    move.add_argument("department", help="the Run:ai department")
+    delete = admin_sub.add_parser(
+        "delete-department",
+        help="move a department's projects to the default one, then delete it",
+        formatter_class=HELP,
+    )
+    delete.add_argument("name", help="the Run:ai department")
     for p in (move, delete):
-        p.add_argument("--server", default="https://127.0.0.1:8443")
-        p.add_argument("--ca", default="certs/ca.crt")
+        p.add_argument(
+            "--server",
+            default="https://127.0.0.1:8443",
+            help="the server's URL (e.g. the local end of kubectl port-forward, manifests/README.md)",
+        )
+        p.add_argument(
+            "--server-name",
+            default=None,
+            help="verify the certificate for this name instead of the URL's host, e.g. "
+            "scheduling-webhook.hopsworks.svc through a port-forward",
+        )
+        p.add_argument("--ca", default="certs/cluster/ca.crt", help="the CA that signed the server's certificate")
         p.add_argument("--token", default=None, help="bearer token (default: $KUBE_TOKEN)")
     return parser
 
@@ -79,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv)
     except BrokenPipeError:
         # `review ... | head`: the reader left; say nothing more (and keep the interpreter from
-        # complaining while it flushes stdout on exit).
+        # complaining while it flushes stdout on exit). Not 1: that is a refusal.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_PIPE_CLOSED
 
 
 def _run(argv: list[str] | None) -> int:

@@ -1,7 +1,8 @@
 """`scheduling-webhook review FILE --state DIR`: an offline dry run of the admission decisions.
 
-Reads a Pod (or a whole AdmissionReview) and a folder of cluster state, prints the decision, the
-warnings and the patched object, and exits 1 on a refusal, like `kyverno apply` or `gator test`.
+Reads a Pod (or a whole AdmissionReview) from FILE or, for `-`, stdin, and a folder of cluster
+state; prints the decision, the warnings and the patched object, and exits 1 on a refusal, like
+`kyverno apply` or `gator test` (2 for bad input; 141 when the reader of stdout went away).
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     state = ClusterState(args.namespace)
     try:
         load_into(state, Path(args.state))
-        document = yaml.safe_load(Path(args.file).read_text())
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        document = yaml.safe_load(text)  # YAML reads JSON too
         if not isinstance(document, dict):
-            raise BadReview(f"{args.file} must hold one Kubernetes object")
+            raise BadReview(f"{'stdin' if args.file == '-' else args.file} must hold one Kubernetes object")
         request = request_for(document)
     except (OSError, yaml.YAMLError, StateFolderError, BadReview) as exc:
         print(f"error: {exc}", file=sys.stderr)

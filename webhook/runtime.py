@@ -27,6 +27,7 @@ from webhook.app import (
     AdmissionHandler,
     ServeOptions,
     StartupError,
+    cluster_mode_only_routes,
     create_app,
     create_probe_app,
     default_handlers,
@@ -46,16 +47,24 @@ class Stoppable(Protocol):
 
 
 def _kubeconfig_path(kubeconfig: Path | None) -> str:
-    return str(kubeconfig) if kubeconfig else os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
+    return str(kubeconfig) if kubeconfig else os.path.expanduser(os.environ.get("KUBECONFIG") or "~/.kube/config")
 
 
 async def kube_api_client(kubeconfig: Path | None = None) -> ApiClient:
     """A given kubeconfig; else in a pod the ServiceAccount; else $KUBECONFIG or ~/.kube/config."""
     configuration = Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(config_file=_kubeconfig_path(kubeconfig), client_configuration=configuration)
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            path = _kubeconfig_path(kubeconfig)
+            await config.load_kube_config(config_file=path, client_configuration=configuration)
+    except config.ConfigException as exc:
+        where = "in-cluster" if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") else path
+        raise StartupError(
+            f"no cluster to read ({where}: {exc}); pass --state DIR for a folder of YAML "
+            "(e.g. examples/cluster), or --kubeconfig FILE"
+        ) from None
     return ApiClient(configuration)
 
 
@@ -121,6 +130,7 @@ class Runtime:
             from webhook.local_mode import folder_mode_routes
 
             routes = folder_mode_routes(self.state, self.options.state_dir, self.options.host)
+            routes += cluster_mode_only_routes()
         if self.api_client is not None:
             extra_handlers, routes = await self._start_cluster_parts(self.api_client)
             handlers.update(extra_handlers)
