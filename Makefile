@@ -6,24 +6,38 @@ STAMP  := $(VENV)/.installed
 STATE  ?= examples/cluster
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
+# The dev server's certificates; cluster certificates go to certs/cluster (manifests/README.md).
+DEV_CERTS ?= certs/dev
 
-.PHONY: run test lint bench bench-instructions certs venv clean
+# "<major>.<minor> <supported>" of the interpreter asked for and of the one in the venv (empty when
+# there is none). A venv made by another Python is recreated rather than patched: pip cannot fix it.
+PY_CHECK     := import sys; v = sys.version_info; print(f"{v[0]}.{v[1]}", v >= (3, 11))
+PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
+VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
+VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-$(STAMP): pyproject.toml
+.PHONY: run test lint bench bench-instructions certs venv clean FORCE
+
+$(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
+	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
+	$(if $(filter True,$(word 2,$(PY_INFO))),,$(error $(PYTHON) is Python $(word 1,$(PY_INFO)); scheduling-webhook needs 3.11+: make PYTHON=python3.11 ...))
+	$(if $(and $(VENV_STALE),$(VENV_PY_INFO)),rm -rf $(VENV)  # made by Python $(word 1,$(VENV_PY_INFO)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+FORCE:
 
 venv: $(STAMP)
 
-certs/tls.crt: | $(STAMP)
-	$(BIN)/scheduling-webhook certs --out certs --hostname localhost --ip 127.0.0.1
+# Runs every time (it is quick): keeps a valid certificate for localhost and 127.0.0.1, and issues a
+# new one when it is missing, expiring, from another CA or for other names.
+certs: $(STAMP)
+	$(BIN)/scheduling-webhook certs --out $(DEV_CERTS) --hostname localhost --ip 127.0.0.1 --keep-valid
 
-certs: certs/tls.crt
-
-run: $(STAMP) certs/tls.crt
-	$(BIN)/scheduling-webhook serve --state $(STATE) --certs certs --host $(HOST) --port $(PORT)
+run: certs
+	$(BIN)/scheduling-webhook serve --state $(STATE) --certs $(DEV_CERTS) --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -43,5 +57,6 @@ bench-instructions: $(STAMP)
 	@command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind"; exit 2; }
 	$(BIN)/python -m bench.instructions $(BENCH_ARGS)
 
+# Keeps certs/cluster: that CA is what a cluster trusts.
 clean:
-	rm -rf $(VENV) certs/*.crt certs/*.key .pytest_cache
+	rm -rf $(VENV) $(DEV_CERTS) .pytest_cache

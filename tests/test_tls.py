@@ -206,6 +206,53 @@ def test_certs_command_refuses_what_it_cannot_do(tmp_path: Path, capsys: pytest.
     assert (out / "tls.crt").read_bytes() == before  # nothing half-done
 
 
+def test_keep_valid_keeps_a_matching_certificate_and_reissues_one_lacking_a_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run` runs `certs --keep-valid` for localhost/127.0.0.1 every time: a certificate made
+    for the Service alone (once the README's install step wrote there) must be replaced."""
+    out = tmp_path / "dev"
+    dev = {"keep_valid": True, "days": 365}
+    assert tls.certs_command(certs_args(out, **dev)) == 0
+    first = (out / "tls.crt").read_bytes()
+    capsys.readouterr()
+    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert f"kept {out / 'tls.crt'}" in capsys.readouterr().out
+    assert (out / "tls.crt").read_bytes() == first  # valid, the names asked, 30+ days left: untouched
+
+    assert tls.certs_command(certs_args(out, hostname=[], ip=[], days=365)) == 0  # the Service's names only
+    capsys.readouterr()
+    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert "re-issuing" in (printed := capsys.readouterr().out) and "it lacks localhost, 127.0.0.1" in printed
+    dns, ips = tls.sans_of(x509.load_pem_x509_certificate((out / "tls.crt").read_bytes()))
+    assert "localhost" in dns and ipaddress.ip_address("127.0.0.1") in ips
+
+    # Signed by another CA, or expiring within 30 days: re-issued too.
+    other = tls.make_ca()
+    stray = tls.make_serving_cert(other, SERVICE, NAMESPACE, dns_names=["localhost"], ips=["127.0.0.1"])
+    tls.write_serving_files(out, other, stray, write_ca=False)
+    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert "not issued by the CA" in capsys.readouterr().out
+    assert tls.certs_command(certs_args(out, days=10)) == 0
+    capsys.readouterr()
+    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert "it expires" in capsys.readouterr().out
+
+
+def test_expiry_metric_follows_the_served_certificate(tmp_path: Path) -> None:
+    certs = make_cert_files(tmp_path / "certs")
+    watcher = tls.CertWatcher(certs.cert_file, certs.key_file)
+    assert watcher.reload_now() == "loaded"
+    expiry = REGISTRY.get_sample_value("webhook_serving_certificate_expiry_timestamp_seconds")
+    assert expiry == certs.serving.cert.not_valid_after_utc.timestamp()
+    longer = certs.issue(days=90)
+    certs.install(longer)
+    assert watcher.reload_now() == "loaded"
+    assert REGISTRY.get_sample_value("webhook_serving_certificate_expiry_timestamp_seconds") == (
+        longer.cert.not_valid_after_utc.timestamp()
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # the HTTPS client's checks, keep-alive
 # --------------------------------------------------------------------------------------------

@@ -89,3 +89,8 @@ CONNECTIONS_CLOSED = Counter(
     ["listener", "reason"],  # shed (over the cap), header_timeout
     registry=REGISTRY,
 )
+CERT_EXPIRY = Gauge(
+    "webhook_serving_certificate_expiry_timestamp_seconds",
+    "When the serving certificate new connections get expires (Unix time); the webhooks fail closed after it.",
+    registry=REGISTRY,
+)

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook.metrics import CERT_RELOADS
+from webhook.metrics import CERT_EXPIRY, CERT_RELOADS
 from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -285,6 +286,33 @@ def write_serving_files(out_dir: Path, ca: CertKey, serving: CertKey, *, write_c
     return written
 
 
+# `certs --keep-valid` re-issues a serving certificate this close to its expiry.
+RENEW_BEFORE = dt.timedelta(days=30)
+
+
+def reissue_reason(out: Path, ca: CertKey, wanted: tuple[list[str], list[IPAddress]]) -> str | None:
+    """Why the serving pair in `out` cannot be kept, or None when it is signed by `ca`, matches its
+    key, names every wanted DNS name and IP, and is not within RENEW_BEFORE of its expiry."""
+    try:
+        pair = CertKey.from_pem((out / CERT_FILE).read_bytes(), (out / KEY_FILE).read_bytes())
+    except OSError as e:
+        return f"cannot read it ({e.strerror})"
+    except ValueError as e:
+        return f"it does not load: {e}"
+    cert = pair.cert
+    try:
+        cert.verify_directly_issued_by(ca.cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"it was not issued by the CA in {out / CA_CERT_FILE}"
+    dns, addrs = sans_of(cert)
+    lacking = [n for n in wanted[0] if n not in dns] + [str(a) for a in wanted[1] if a not in addrs]
+    if lacking:
+        return f"it lacks {', '.join(lacking)}"
+    if cert.not_valid_after_utc <= _now() + RENEW_BEFORE:
+        return f"it expires {cert.not_valid_after_utc:%Y-%m-%d}"
+    return None
+
+
 def certs_command(args: Any) -> int:
     """`scheduling-webhook certs`: keep an existing CA (unless args.new_ca), always re-issue tls.crt.
 
@@ -316,10 +344,18 @@ def certs_command(args: Any) -> int:
     else:
         ca = make_ca(days=max(days, 3650))
     try:
-        serving = make_serving_cert(ca, args.service, args.namespace, dns_names=args.hostname, ips=args.ip, days=days)
+        wanted = _split_names([*service_dns_names(args.service, args.namespace), *args.hostname], args.ip)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if keep_ca and getattr(args, "keep_valid", False):
+        why_not = reissue_reason(out, ca, wanted)
+        if why_not is None:
+            current = x509.load_pem_x509_certificate((out / CERT_FILE).read_bytes())
+            print(f"kept {out / CERT_FILE} (valid for the names asked, expires {current.not_valid_after_utc:%Y-%m-%d})")
+            return 0
+        print(f"re-issuing {out / CERT_FILE}: {why_not}")
+    serving = make_serving_cert(ca, args.service, args.namespace, dns_names=args.hostname, ips=args.ip, days=days)
     written = write_serving_files(out, ca, serving, write_ca=not keep_ca)
     ca_name = ca.cert.subject.rfc4514_string()
     if keep_ca:
@@ -537,6 +573,7 @@ class CertWatcher:
             self._current, self._certificate, self._digest = ctx, cert, digest
             self._failed_digest = self._pending_digest = self.last_error = None
             CERT_RELOADS.labels(result="success").inc()
+            CERT_EXPIRY.set(cert.not_valid_after_utc.timestamp())
             if cert.not_valid_after_utc <= _now():
                 log.warning("serving certificate %s has expired (%s)", self.cert_file, cert.not_valid_after_utc)
             log.info(
