@@ -30,7 +30,7 @@ from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
-EXAMPLE_VALUES = MANIFESTS / "values.example.yaml"
+EXAMPLE_VALUES = ROOT / "examples" / "values.example.yaml"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # Mutating configurations that read the labels ours adds, so ours must be called before them:
 # Kueue's (plain and as a Helm subchart of a "hopsworks" release) and Run:ai's cluster webhooks.
@@ -219,18 +219,106 @@ def test_every_rendered_object_passes_the_schema(example_values: dict[str, Any],
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-def test_values_example_renders_through_the_cli(tmp_path: Path, ca_pem: bytes, capsys: Any) -> None:
-    # caFile is relative to the values file, as in the example.
-    (tmp_path / "certs").mkdir()
-    (tmp_path / "certs" / "ca.crt").write_bytes(ca_pem)
-    (tmp_path / "values").mkdir()
-    values = tmp_path / "values" / "values.yaml"
+def test_values_example_renders_through_the_cli(
+    tmp_path: Path, ca_pem: bytes, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As manifests/README.md has it: from the checkout's root, the values copied anywhere; a relative
+    # caFile is read from the current directory, not from the values file's folder.
+    (tmp_path / "certs" / "cluster").mkdir(parents=True)
+    (tmp_path / "certs" / "cluster" / "ca.crt").write_bytes(ca_pem)
+    (tmp_path / "elsewhere").mkdir()
+    values = tmp_path / "elsewhere" / "my-values.yaml"
     values.write_text(EXAMPLE_VALUES.read_text())
+    monkeypatch.chdir(tmp_path)
     assert run_cli(["manifests", "--values", str(values)]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert [d["kind"] for d in docs] == [o["kind"] for _, o in file_objects()]
     bundle = webhooks(docs)["mutate-pods.scheduling.hopsworks.ai"]["clientConfig"]["caBundle"]
     assert base64.b64decode(bundle) == ca_pem
+
+
+def test_a_missing_ca_file_names_the_directory_it_was_read_from(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"caFile": "certs/cluster/ca.crt"}))
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["manifests", "--values", str(values)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot read certs/cluster/ca.crt (relative to the current directory, {tmp_path})" in err
+
+
+def test_manifests_folder_holds_only_kubernetes_objects() -> None:
+    """`kubectl apply -f manifests/` reads every .yaml/.yml/.json there: each must be an object."""
+    for path in sorted(MANIFESTS.iterdir()):
+        if path.suffix in (".yaml", ".yml", ".json"):
+            for doc in yaml.safe_load_all(path.read_text()):
+                assert doc is None or ("apiVersion" in doc and "kind" in doc), path
+
+
+def test_raw_webhook_configurations_carry_no_placeholder_ca() -> None:
+    for _, obj in file_objects():
+        for hook in obj.get("webhooks", ()):
+            assert "caBundle" not in hook["clientConfig"], hook["name"]
+    readme = (MANIFESTS / "README.md").read_text()
+    assert "valid as it stands" not in readme and "no caBundle" in readme
+
+
+def test_example_priority_classes_are_shipped() -> None:
+    values = manifests.load_values(EXAMPLE_VALUES)
+    named = set(values["settings"]["scheduler"]["available"]["priorityClasses"])
+    shipped = list(yaml.safe_load_all((ROOT / "examples" / "priorityclasses.yaml").read_text()))
+    for obj in shipped:
+        kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
+    assert named == {obj["metadata"]["name"] for obj in shipped}
+    assert "examples/priorityclasses.yaml" in (MANIFESTS / "README.md").read_text()
+
+
+def test_cert_manager_switch_issues_the_secret_and_injects_the_ca() -> None:
+    objects = render({"namespace": "platform", "certManager": {"enabled": True}})
+    kinds = [o["kind"] for o in objects]
+    # Issuer and Certificate right after the Service, before the Deployment that mounts the Secret.
+    assert kinds.index("Service") < kinds.index("Issuer") < kinds.index("Certificate") < kinds.index("Deployment")
+    certificate = next(o for o in objects if o["kind"] == "Certificate")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    mounted = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "certs")
+    assert certificate["spec"]["secretName"] == mounted["secret"]["secretName"]
+    assert "scheduling-webhook.platform.svc" in certificate["spec"]["dnsNames"]
+    assert certificate["spec"]["issuerRef"]["name"] == "scheduling-webhook-selfsigned"
+    for config in (o for o in objects if o["kind"].endswith("WebhookConfiguration")):
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "platform/scheduling-webhook"
+        assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
+        kubernetes_validate.validate(config, K8S_VERSIONS[0], strict=True)
+
+
+def test_cert_manager_with_an_issuer_of_the_cluster_and_refusals(ca_bundle: str) -> None:
+    objects = render({"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}})
+    assert "Issuer" not in [o["kind"] for o in objects]
+    certificate = next(o for o in objects if o["kind"] == "Certificate")
+    assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    with pytest.raises(RenderError, match="leave caBundle and caFile out"):
+        render({"caBundle": ca_bundle, "certManager": {"enabled": True}})
+    with pytest.raises(RenderError, match="unknown keys"):
+        render({"caBundle": ca_bundle, "certManager": {"enable": True}})
+
+
+def test_metrics_switches_add_scrape_annotations_and_a_service_monitor(ca_bundle: str) -> None:
+    plain = render({"caBundle": ca_bundle})
+    assert "ServiceMonitor" not in [o["kind"] for o in plain]
+    objects = render(
+        {"caBundle": ca_bundle, "namespace": "platform", "metrics": {"scrapeAnnotations": True, "serviceMonitor": True}}
+    )
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/scheme"] == "https"
+    kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+    monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+    endpoint = monitor["spec"]["endpoints"][0]
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["tlsConfig"]["serverName"] == "scheduling-webhook.platform.svc"
+    with pytest.raises(RenderError, match=r"metrics\.serviceMonitor"):
+        render({"caBundle": ca_bundle, "metrics": {"serviceMonitor": "yes"}})
 
 
 def test_out_writes_one_file_per_object_in_apply_order(tmp_path: Path, ca_bundle: str) -> None:

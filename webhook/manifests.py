@@ -38,7 +38,11 @@ SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 RESOURCE_FILE = re.compile(r"^\d{2}-[a-z0-9-]+\.ya?ml$")
 MANIFESTS_ENV = "SCHEDULING_WEBHOOK_MANIFESTS"
-LOCAL_CA = Path("certs/ca.crt")
+# What `scheduling-webhook certs` writes by default; used when the values name no CA.
+LOCAL_CA = Path("certs/cluster/ca.crt")
+CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
+SERVICE_NAME = "scheduling-webhook"
+DEFAULT_TLS_SECRET = "scheduling-webhook-tls"
 # G2: the identities allowed to change run_ai_enable reach the server as one comma-separated list
 # (`group:NAME` for a group, otherwise a user name).
 INSTALLERS_ENV = "SCHEDULING_WEBHOOK_INSTALLERS"
@@ -56,6 +60,10 @@ DEFAULT_VALUES: dict[str, Any] = {
     "tlsSecretName": None,
     "clientCAKey": None,
     "installers": None,
+    # cert-manager issues and renews the serving certificate, and its CA injector fills caBundle.
+    "certManager": {"enabled": False, "issuerRef": None, "duration": "2160h", "renewBefore": "720h"},
+    # Prometheus: prometheus.io/* annotations on the pods, and/or a ServiceMonitor (Prometheus Operator).
+    "metrics": {"scrapeAnnotations": False, "serviceMonitor": False},
     "settings": {},
     "global": {},
     # Optional NetworkPolicy (manifests/networkpolicy.yaml); see that file for why it is off.
@@ -76,13 +84,9 @@ def manifests_command(args: argparse.Namespace) -> int:
     try:
         values: dict[str, Any] = {}
         if args.values:
-            values_path = Path(args.values)
-            values = load_values(values_path)
-            # A relative caFile means "next to the values file", not "wherever I ran this from".
-            ca_file = values.get("caFile")
-            if isinstance(ca_file, str) and ca_file and not Path(ca_file).is_absolute():
-                values["caFile"] = str(values_path.parent / ca_file)
-        if not values.get("caBundle") and not values.get("caFile") and LOCAL_CA.is_file():
+            values = load_values(Path(args.values))
+        cert_manager = (values.get("certManager") or {}).get("enabled") is True
+        if not cert_manager and not values.get("caBundle") and not values.get("caFile") and LOCAL_CA.is_file():
             # What `scheduling-webhook certs` (and `make certs`) just made in this checkout.
             print(f"note: no caBundle or caFile in the values, using {LOCAL_CA}", file=sys.stderr)
             values["caFile"] = str(LOCAL_CA)
@@ -119,7 +123,10 @@ def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[s
     replicas = _replicas(merged["replicas"])
     base = load_base(source)
     settings_data = _settings_data(merged, base)
-    ca_bundle = _ca_bundle(merged)
+    cert_manager = _cert_manager(merged)
+    ca_bundle = None if cert_manager else _ca_bundle(merged)
+    metrics = _metrics(merged)
+    tls_secret = str(merged["tlsSecretName"] or DEFAULT_TLS_SECRET)
 
     objects: list[dict[str, Any]] = []
     for obj in base:
@@ -138,15 +145,25 @@ def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[s
             obj["data"] = settings_data
         elif kind == "Deployment":
             _apply_deployment(obj, merged, replicas, settings_data)
+            if metrics["scrapeAnnotations"]:
+                obj["spec"]["template"]["metadata"].setdefault("annotations", {}).update(SCRAPE_ANNOTATIONS)
         elif kind == "PodDisruptionBudget" and replicas is not None and replicas < 2:
             # minAvailable 1 over a single replica would block every node drain.
             print("note: replicas < 2, leaving out the PodDisruptionBudget", file=sys.stderr)
             continue
         elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             _apply_webhooks(obj, namespace, ca_bundle)
+            if cert_manager:
+                obj["metadata"].setdefault("annotations", {})[CERT_MANAGER_INJECT] = f"{namespace}/{SERVICE_NAME}"
         elif kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             _apply_policy(obj, namespace)
         objects.append(obj)
+        if kind == "Service":
+            # Right after the Service: the Secret must exist before the Deployment mounts it.
+            if cert_manager:
+                objects.extend(cert_manager_objects(namespace, tls_secret, cert_manager))
+            if metrics["serviceMonitor"]:
+                objects.append(service_monitor(namespace, tls_secret))
     policy = _network_policy(merged["networkPolicy"], namespace, source)
     if policy is not None:
         # Before the webhook configurations: the apiserver must be admitted before it is sent reviews.
@@ -345,21 +362,28 @@ def _configmap_string(key: str, value: Any) -> str:
 
 
 def _ca_bundle(merged: Mapping[str, Any]) -> str:
-    """base64 of the PEM CA that signed the serving certificate, from caBundle or caFile."""
+    """base64 of the PEM CA that signed the serving certificate, from caBundle or caFile.
+
+    A relative caFile is read from the current directory, like any path given on a command line:
+    `cp examples/values.example.yaml my-values.yaml` and rendering from the repository's root reads
+    `certs/cluster/ca.crt` there, wherever the values file is kept.
+    """
     bundle, ca_file = merged["caBundle"], merged["caFile"]
     if bundle and ca_file:
         raise RenderError("set caBundle or caFile, not both")
     if ca_file:
+        path = Path(str(ca_file))
         try:
-            pem = Path(ca_file).read_bytes()
+            pem = path.read_bytes()
         except OSError as exc:
-            raise RenderError(f"caFile: cannot read {ca_file}: {exc.strerror}") from None
+            where = "" if path.is_absolute() else f" (relative to the current directory, {Path.cwd()})"
+            raise RenderError(f"caFile: cannot read {ca_file}{where}: {exc.strerror}") from None
         bundle = base64.b64encode(pem).decode("ascii")
     if not bundle:
         raise RenderError(
-            "no CA for the webhook configurations: set caBundle (base64 of ca.crt) or caFile "
-            "(e.g. certs/ca.crt from `scheduling-webhook certs`); without it the apiserver cannot "
-            "verify the webhook and, failing closed, refuses every project pod"
+            "no CA for the webhook configurations: set caBundle (base64 of ca.crt), caFile "
+            "(e.g. certs/cluster/ca.crt from `scheduling-webhook certs`) or certManager.enabled; without "
+            "it the apiserver cannot verify the webhook and, failing closed, refuses every project pod"
         )
     try:
         pem = base64.b64decode(str(bundle), validate=True)
@@ -447,10 +471,14 @@ def _service_account_user(namespace: str) -> str:
     return f"system:serviceaccount:{namespace}:scheduling-webhook"
 
 
-def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str) -> None:
+def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str | None) -> None:
+    """`ca_bundle` None: left out, for cert-manager's CA injector to fill."""
     for hook in obj["webhooks"]:
         client = hook["clientConfig"]
-        client["caBundle"] = ca_bundle
+        if ca_bundle is not None:
+            client["caBundle"] = ca_bundle
+        else:
+            client.pop("caBundle", None)
         client["service"]["namespace"] = namespace
         for selector_key in ("namespaceSelector", "objectSelector"):
             for expr in (hook.get(selector_key) or {}).get("matchExpressions", []):
@@ -458,3 +486,110 @@ def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str) -> None
                     # The install namespace is excluded from (or, for settings, the only match of)
                     # the selectors; follow it to wherever it is installed.
                     expr["values"] = [namespace if v == BASE_NAMESPACE else v for v in expr["values"]]
+
+
+# -- cert-manager and Prometheus -----------------------------------------------------------------
+
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/scheme": "https",
+    "prometheus.io/port": "8444",  # the probes listener (--probe-port): TLS, no client certificate
+    "prometheus.io/path": "/metrics",
+}
+LABELS = {"app.kubernetes.io/name": SERVICE_NAME, "app.kubernetes.io/part-of": "hopsworks"}
+
+
+def _switches(merged: Mapping[str, Any], key: str) -> dict[str, Any]:
+    known = set(DEFAULT_VALUES[key])
+    unknown = sorted(set(merged[key]) - known)
+    if unknown:
+        raise RenderError(f"{key}: unknown keys {unknown}; known: {sorted(known)}")
+    return dict(merged[key])
+
+
+def _cert_manager(merged: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The certManager values when enabled, else None. With it, no caBundle or caFile."""
+    values = _switches(merged, "certManager")
+    if values["enabled"] is not True:
+        return None
+    if merged["caBundle"] or merged["caFile"]:
+        raise RenderError("certManager.enabled: cert-manager injects the CA; leave caBundle and caFile out")
+    issuer = values["issuerRef"]
+    if issuer is not None and not (
+        isinstance(issuer, Mapping)
+        and issuer.get("name")
+        and issuer.get("kind", "Issuer") in ("Issuer", "ClusterIssuer")
+    ):
+        raise RenderError("certManager.issuerRef: expected {name: ..., kind: Issuer|ClusterIssuer}")
+    return values
+
+
+def _metrics(merged: Mapping[str, Any]) -> dict[str, bool]:
+    values = _switches(merged, "metrics")
+    for key, value in values.items():
+        if not isinstance(value, bool):
+            raise RenderError(f"metrics.{key}: expected true or false, got {value!r}")
+    return values
+
+
+def cert_manager_objects(namespace: str, secret_name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A Certificate for the Service's names into the TLS Secret the pods mount; with no issuerRef,
+    a self-signed Issuer of its own (the CA injector then puts that certificate in caBundle).
+    cert-manager renews the Secret before it expires; the kubelet updates the mounted files and
+    the server's certificate watcher switches to them without a restart."""
+    objects: list[dict[str, Any]] = []
+    issuer = values["issuerRef"]
+    if issuer is None:
+        issuer = {"name": f"{SERVICE_NAME}-selfsigned", "kind": "Issuer"}
+        objects.append(
+            {
+                "apiVersion": "cert-manager.io/v1",
+                "kind": "Issuer",
+                "metadata": {"name": issuer["name"], "namespace": namespace, "labels": dict(LABELS)},
+                "spec": {"selfSigned": {}},
+            }
+        )
+    service_dns = [f"{SERVICE_NAME}.{namespace}.svc", f"{SERVICE_NAME}.{namespace}.svc.cluster.local"]
+    objects.append(
+        {
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": {"name": SERVICE_NAME, "namespace": namespace, "labels": dict(LABELS)},
+            "spec": {
+                "secretName": secret_name,
+                "dnsNames": service_dns,
+                "duration": str(values["duration"]),
+                "renewBefore": str(values["renewBefore"]),
+                "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+                "usages": ["digital signature", "server auth"],
+                "issuerRef": {"name": issuer["name"], "kind": issuer.get("kind", "Issuer"), "group": "cert-manager.io"},
+            },
+        }
+    )
+    return objects
+
+
+def service_monitor(namespace: str, secret_name: str) -> dict[str, Any]:
+    """A Prometheus Operator ServiceMonitor for /metrics over HTTPS, verifying the serving
+    certificate with the `ca.crt` of the TLS Secret (cert-manager writes it; otherwise add it)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": SERVICE_NAME, "namespace": namespace, "labels": dict(LABELS)},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "endpoints": [
+                {
+                    "port": "metrics",  # the Service's port for the probes listener
+                    "scheme": "https",
+                    "path": "/metrics",
+                    "interval": "30s",
+                    "tlsConfig": {
+                        "serverName": f"{SERVICE_NAME}.{namespace}.svc",
+                        "ca": {"secret": {"name": secret_name, "key": "ca.crt"}},
+                    },
+                }
+            ],
+        },
+    }
