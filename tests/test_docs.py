@@ -69,17 +69,12 @@ def mutate_over_https(port: int, ca_file: Path) -> dict[str, object]:
 
 
 def make_certs(dev_certs: Path) -> str:
-    """`make run`'s certificate step, from the Makefile itself."""
+    """`make run`'s certificate step, from the Makefile itself, with the venv running these tests
+    (`-o`: never reinstalled from inside a test)."""
+    venv = Path(sys.prefix)
+    options = ["--no-print-directory", "-C", str(ROOT), "-o", str(venv / ".installed")]
     done = subprocess.run(
-        [
-            "make",
-            "--no-print-directory",
-            "-C",
-            str(ROOT),
-            "certs",
-            f"DEV_CERTS={dev_certs}",
-            f"PYTHON={sys.executable}",
-        ],
+        ["make", *options, "certs", f"DEV_CERTS={dev_certs}", f"VENV={venv}", f"PYTHON={sys.executable}"],
         capture_output=True,
         text=True,
         timeout=120,
