@@ -172,8 +172,10 @@ def test_readme_lists_every_endpoint() -> None:
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     # The cluster-only APIs, registered by the runtime against an apiserver.
     from webhook.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
+    from webhook.scheduling_api import SCHEDULING_PATH
 
     paths |= {"/api/v1/projects/{namespace}/gpu", "/api/v1/admin/runai", MOVE_PATH, DELETE_DEPARTMENT_PATH}
+    paths.add(SCHEDULING_PATH)
     endpoints = section(README, "### Endpoints")
     for path in paths:
         assert f"{path}`" in endpoints, path
