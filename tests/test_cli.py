@@ -111,12 +111,17 @@ async def test_admin_cli_against_folder_mode_says_it_needs_cluster_mode(
     state = ClusterState("hopsworks")
     load_into(state, CLUSTER)
     from webhook.app import cluster_mode_only_routes
+    from webhook.local_mode import folder_mode_routes
 
-    srv = await https_server(create_app(state, routes=cluster_mode_only_routes()))
+    # The routes `serve --state` has: the folder mode's own APIs, then the catch-all for the rest.
+    routes = [*folder_mode_routes(state, CLUSTER, LOOPBACK), *cluster_mode_only_routes()]
+    srv = await https_server(create_app(state, routes=routes))
     args = ["admin", "delete-department", "ml", "--token", "t", "--ca", str(srv.certs.ca_file)]
     args += ["--server", f"https://{LOOPBACK}:{srv.port}", "--server-name", SERVICE_HOST]
     assert await asyncio.to_thread(cli_main, args) == 2
     err = capsys.readouterr().err
     assert "needs cluster mode" in err and "404" not in err
-    async with srv.session.get(srv.url("/api/v1/projects/churn/gpu")) as resp:
+    async with srv.session.post(srv.url("/api/v1/admin/projects/churn/move"), json={"department": "x"}) as resp:
         assert resp.status == 404 and "needs cluster mode" in (await resp.json())["error"]
+    async with srv.session.get(srv.url("/api/v1/projects/churn/scheduling")) as resp:
+        assert resp.status == 200  # what folder mode does serve is not shadowed by the catch-all

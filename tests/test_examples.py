@@ -89,6 +89,7 @@ async def test_readme_example_is_patched_with_zone_priority_and_anti_affinity(cl
         "affinity": "topology.kubernetes.io/zone=eu-1a",
         "anti-affinity": "maintenance=true",
         "priority-class": "normal",
+        "runai-queue": "churn",  # examples/cluster has Run:ai on and churn bound
     }
     pod = patched(review, response)
     assert pod["spec"]["priorityClassName"] == "normal" and pod["spec"]["priority"] == 10000
@@ -108,19 +109,24 @@ async def test_gpu_notebook_gets_the_project_defaults_and_passes_validation(clie
     assert mutated["auditAnnotations"]["affinity"] == "nvidia.com/gpu.product=A100"
     pod = patched(review, mutated)
     validated = await ask(client, "/validate/pods", {**review, "request": {**review["request"], "object": pod}})
-    assert validated["allowed"] is True  # Run:ai is off in examples/cluster: no quota to check
+    # Folder mode has no Run:ai control plane to check the quota against: allowed, and it says so.
+    assert validated["allowed"] is True
+    assert any("GPU quota not checked" in w for w in validated["warnings"]), validated
 
 
-async def test_kueue_pod_warns_while_kueue_is_off(client: TestClient[Any, Any]) -> None:
-    response = await ask(client, "/mutate/pods", example("kueue-pod.json"))
-    assert response["allowed"] is True
-    assert any("Kueue is not installed" in w for w in response["warnings"])
+async def test_kueue_pod_gets_the_runai_queue_while_runai_is_on(client: TestClient[Any, Any]) -> None:
+    review = example("kueue-pod.json")
+    response = await ask(client, "/mutate/pods", review)
+    assert response["allowed"] is True and response["auditAnnotations"]["runai-queue"] == "churn"
+    pod = patched(review, response)
+    assert "kueue.x-k8s.io/podset-required-topology" not in pod["metadata"].get("annotations", {})
 
 
 async def test_kueue_pod_gets_its_queue_and_topology_with_kueue_on(
     aiohttp_client: ClientFactory, tmp_path: Path
 ) -> None:
-    client = await aiohttp_client(create_app(example_state(with_settings(tmp_path, kueue_installed="true"))))
+    kueue_on = with_settings(tmp_path, kueue_installed="true", run_ai_enable="false")
+    client = await aiohttp_client(create_app(example_state(kueue_on)))
     review = example("kueue-pod.json")
     response = await ask(client, "/mutate/pods", copy.deepcopy(review))
     assert response["allowed"] is True and not response.get("warnings")
