@@ -62,8 +62,7 @@ async def bare(certs: Path, host: str, port: int) -> None:
 
 
 async def runai_view(certs: Path, state: Path, host: str, port: int, namespace: str, deserved: float) -> None:
-    from webhook.app import ServeOptions
-    from webhook.runtime import Runtime
+    from webhook.runtime import Runtime, ServeOptions
     from webhook.snapshot import RunaiProjectInfo
 
     options = ServeOptions(host=host, port=port, certs=certs, state_dir=state, drain_seconds=0.0)

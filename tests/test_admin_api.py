@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.apps import cache_app
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.test_departments import Env, environment
 from webhook.admin_api import AdminAuthError, admin_routes, bearer_token
-from webhook.app import create_app
 from webhook.cli import main as cli_main
 from webhook.kubeapi import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
@@ -59,7 +59,7 @@ async def _serve(env: Env, https_server: StartHttpsServer, **mover: Any) -> Http
     env.kube.add_user(USER_TOKEN, "bob", groups=["project-members"])
     env.kube.allow("group:platform-admins", verb="update", resource="namespaces")
     env.kube.allow("group:project-members", verb="get", resource="pods")
-    app = create_app(env.state, routes=admin_routes(env.mover(**mover), ReviewedAdmin(env.kapi)))
+    app = cache_app(env.state, routes=admin_routes(env.mover(**mover), ReviewedAdmin(env.kapi)))
     return await https_server(app)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.apps import cache_app
 from tests.support.https import LOOPBACK, SERVICE_HOST, StartHttpsServer, make_cert_files
-from webhook.app import create_app
 from webhook.cli import EXIT_PIPE_CLOSED
 from webhook.cli import main as cli_main
 from webhook.state.folder import load_into
@@ -110,12 +110,12 @@ async def test_admin_cli_against_folder_mode_says_it_needs_cluster_mode(
 ) -> None:
     state = ClusterState("hopsworks")
     load_into(state, CLUSTER)
-    from webhook.app import cluster_mode_only_routes
+    from webhook.http.app import cluster_mode_only_routes
     from webhook.local_mode import folder_mode_routes
 
     # The routes `serve --state` has: the folder mode's own APIs, then the catch-all for the rest.
     routes = [*folder_mode_routes(state, CLUSTER, LOOPBACK), *cluster_mode_only_routes()]
-    srv = await https_server(create_app(state, routes=routes))
+    srv = await https_server(cache_app(state, routes=routes))
     args = ["admin", "delete-department", "ml", "--token", "t", "--ca", str(srv.certs.ca_file)]
     args += ["--server", f"https://{LOOPBACK}:{srv.port}", "--server-name", SERVICE_HOST]
     assert await asyncio.to_thread(cli_main, args) == 2

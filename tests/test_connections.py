@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state
 from tests.support.https import (
     LOOPBACK,
@@ -30,10 +31,9 @@ from tests.support.https import (
     make_cert_files,
 )
 from tests.support.reviews import pod_review
-from webhook.app import ServeOptions, create_app
 from webhook.core.decision import Decision
 from webhook.listener import ConnectionLimits
-from webhook.runtime import Runtime
+from webhook.runtime import Runtime, ServeOptions
 from webhook.tls import make_client_ssl_context
 
 SHORT = ConnectionLimits(handshake_timeout_s=0.5, header_timeout_s=0.5, idle_timeout_s=1.5, max_connections=64)
@@ -44,7 +44,7 @@ def ready_app() -> Any:
     state = cluster_state()
     for kind in ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"):
         state.synced[kind] = True
-    return create_app(state)
+    return cache_app(state)
 
 
 async def connect(port: int, ctx: ssl.SSLContext | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -282,7 +282,7 @@ async def test_a_failing_review_logs_a_bounded_escaped_uid(
         raise RuntimeError("a bug")
 
     state = cluster_state()
-    srv = await https_server(create_app(state, handlers={"/mutate/pods": broken}), limits=SHORT)
+    srv = await https_server(cache_app(state, handlers={"/mutate/pods": broken}), limits=SHORT)
     review = pod_review("churn")
     review["request"]["uid"] = "x\nFORGED 2026-01-01 INFO admin root did something\n" + "u" * 1_000_000
     with caplog.at_level(logging.ERROR):

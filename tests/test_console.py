@@ -19,11 +19,11 @@ import pytest
 import yaml
 from aiohttp import web
 
+from tests.support.apps import cache_app
 from tests.support.cluster import namespace, settings_configmap
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
 from tests.test_departments import Env, environment
-from webhook.app import create_app
 from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.console import Console, console_routes
 from webhook.console.session import COOKIE, Sessions, shared_key
@@ -78,7 +78,7 @@ async def served(tmp_path: Path, https_server: StartHttpsServer) -> AsyncIterato
             actor=KubeAuthorizer(env.kapi, admin_check=AccessCheck("update", "namespaces")),
             mover=env.mover(runai_departments=lambda: {"default", "ml", "research"}),
         )
-        srv = await https_server(create_app(env.state, routes=console_routes(console)))
+        srv = await https_server(cache_app(env.state, routes=console_routes(console)))
         yield Served(env, srv)
 
 
@@ -235,7 +235,7 @@ async def test_a_session_made_on_one_replica_is_good_on_the_other(
         console = Console(
             GpuViews(env.state, None), reader, sign_in=reader.authenticate, sessions=Sessions(key=shared_key(key_file))
         )
-        return create_app(env.state, routes=console_routes(console))
+        return cache_app(env.state, routes=console_routes(console))
 
     first, second = await https_server(replica()), await https_server(replica())
     async with first.session.post(

@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.apps import cache_app
 from tests.support.https import LOOPBACK
-from webhook.app import ServeOptions, create_app
 from webhook.manifests import render
 from webhook.quota.reservations import RESERVATIONS_LABEL
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
+from webhook.runtime import ServeOptions
 from webhook.snapshot import RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
 from webhook.state.store import ClusterState
 from webhook.tls import make_ca
@@ -168,7 +169,7 @@ def test_make_run_replaces_a_dev_certificate_lacking_localhost(checkout: Path) -
 
 def test_readme_lists_every_endpoint() -> None:
     state = ClusterState("hopsworks")
-    app = create_app(state)
+    app = cache_app(state)
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     # The cluster-only APIs, registered by the runtime against an apiserver.
     from webhook.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH

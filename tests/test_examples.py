@@ -20,8 +20,8 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient
 
+from tests.support.apps import cache_app
 from tests.support.reviews import apply_patch, assert_valid_pod
-from webhook.app import create_app
 from webhook.state.folder import load_into
 from webhook.state.store import ClusterState
 
@@ -70,7 +70,7 @@ def patched(review: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 async def client(aiohttp_client: ClientFactory) -> TestClient[Any, Any]:
-    return await aiohttp_client(create_app(example_state()))
+    return await aiohttp_client(cache_app(example_state()))
 
 
 def test_every_shipped_request_is_a_json_admission_review() -> None:
@@ -126,7 +126,7 @@ async def test_kueue_pod_gets_its_queue_and_topology_with_kueue_on(
     aiohttp_client: ClientFactory, tmp_path: Path
 ) -> None:
     kueue_on = with_settings(tmp_path, kueue_installed="true", run_ai_enable="false")
-    client = await aiohttp_client(create_app(example_state(kueue_on)))
+    client = await aiohttp_client(cache_app(example_state(kueue_on)))
     review = example("kueue-pod.json")
     response = await ask(client, "/mutate/pods", copy.deepcopy(review))
     assert response["allowed"] is True and not response.get("warnings")

@@ -16,12 +16,12 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from webhook.admin_api import admin_routes, authorize_with
-from webhook.app import create_app
 from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.client import (
     Forbidden,
@@ -136,7 +136,7 @@ class Env:
         routes = gpu_api_routes(self.state, directory or self.directory, authorizer, clock=self.clock, **kwargs)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"), **(auth or {}))
         routes += admin_routes(UnreachableMover(), authorize_with(admin_auth))
-        return await self.start(create_app(self.state, routes=routes))
+        return await self.start(cache_app(self.state, routes=routes))
 
 
 @pytest.fixture

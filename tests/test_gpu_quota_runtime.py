@@ -20,9 +20,8 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, binding_settled, start_runtime
-from webhook.app import ServeOptions
 from webhook.quota.reservations import DEFAULT_TTL_S
-from webhook.runtime import Runtime
+from webhook.runtime import Runtime, ServeOptions
 
 SECRET = "standin-client-secret"
 NOTEBOOK = {"jupyter": "true"}

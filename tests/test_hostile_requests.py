@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace, settings_configmap
 from tests.support.https import StartHttpsServer
 from tests.support.reviews import pod_review
-from webhook.app import create_app
 from webhook.core.decision import Decision
 from webhook.metrics import REGISTRY
 from webhook.state.store import ClusterState
@@ -36,7 +36,7 @@ def hostile_state() -> ClusterState:
 
 
 def make_app(**kwargs: Any) -> web.Application:
-    return create_app(hostile_state(), **kwargs)
+    return cache_app(hostile_state(), **kwargs)
 
 
 async def post(srv: Any, path: str, body: Any) -> tuple[int, Any]:
@@ -245,7 +245,7 @@ async def test_a_bad_annotation_stored_on_a_project_namespace_is_ignored_with_a_
     # the project, so pod admission ignores it and says so; an edit that writes it is refused.
     state = hostile_state()
     state.apply(namespace("churn", annotations={"scheduling.hopsworks.ai/available": raw}))
-    srv = await https_server(create_app(state))
+    srv = await https_server(cache_app(state))
     before = internal_errors()
     status, answer = await post(srv, "/mutate/pods", pod_review("churn"))
     assert status == 200

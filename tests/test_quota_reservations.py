@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import owned_by, pod_review
-from webhook.app import AdmissionHandler, create_app
-from webhook.core.decision import Decision
+from webhook.core.decision import AdmissionHandler, Decision
 from webhook.core.scheduling import BINDING_SETTLING
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, QUEUE_MISSING, validate_pod
 from webhook.kubeapi import KubeApi
@@ -377,7 +377,7 @@ async def test_end_to_end_over_https(
     for r in (a, b):
         for kind in ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"):
             r.state.synced[kind] = True
-        servers.append(await https_server(create_app(r.state, handlers={"/validate/pods": r.handler})))
+        servers.append(await https_server(cache_app(r.state, handlers={"/validate/pods": r.handler})))
 
     async def post(srv: Any, request: dict[str, Any]) -> dict[str, Any]:
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

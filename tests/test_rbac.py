@@ -43,10 +43,9 @@ from tests.support.kube_emulator import (
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import binding_settled, write_kubeconfig
-from webhook.app import ServeOptions
 from webhook.manifests import render
 from webhook.runai.left import LEFT_CONFIGMAP
-from webhook.runtime import Runtime
+from webhook.runtime import Runtime, ServeOptions
 
 INSTALL_NS = "hopsworks"
 ROOT_TOKEN = "root-token"  # the test's own superuser: it bypasses RBAC, as system:masters does

@@ -28,10 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, local_queue, namespace, settings_configmap
 from tests.support.https import HttpsServer, start_https_server
 from tests.support.reviews import apply_patch, assert_valid_pod, fixture_names, pod_review, review
-from webhook.app import create_app
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 
@@ -130,7 +130,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     background = Background()
     state = robustness_state()
     directory: Path = tmp_path_factory.mktemp("robustness")
-    srv = background.run(start_https_server(create_app(state), directory))
+    srv = background.run(start_https_server(cache_app(state), directory))
     try:
         yield Target(background, srv, state)
     finally:

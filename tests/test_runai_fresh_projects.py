@@ -23,10 +23,9 @@ from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
-from webhook.app import ServeOptions
 from webhook.metrics import REGISTRY
 from webhook.runai.binding import FINALIZER
-from webhook.runtime import Runtime
+from webhook.runtime import Runtime, ServeOptions
 
 SECRET = "fresh-projects-secret"
 INSTALL_NS = "hopsworks"

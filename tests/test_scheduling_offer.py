@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.apps import cache_app
 from tests.support.cluster import SCHEDULER, cluster_state, local_queue, namespace
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
-from webhook.app import create_app
 from webhook.auth import KubeAuthorizer
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
 from webhook.core.gpu_view import RunaiData, project_gpu_view
@@ -322,7 +322,7 @@ async def served(https_server: StartHttpsServer) -> AsyncIterator[Served]:
         api_client = kube.api_client()
         try:
             routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
-            srv = await https_server(create_app(st, routes=routes))
+            srv = await https_server(cache_app(st, routes=routes))
 
             async def post(review: dict[str, Any]) -> dict[str, Any]:
                 async with srv.session.post(srv.url("/mutate/pods"), json=review) as resp:
@@ -372,7 +372,7 @@ async def test_not_a_project_is_404_for_someone_who_may_look(https_server: Start
         api_client = kube.api_client()
         try:
             routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
-            srv = await https_server(create_app(st, routes=routes))
+            srv = await https_server(cache_app(st, routes=routes))
             async with GpuClient(f"https://127.0.0.1:{srv.port}", "root-token", str(srv.certs.ca_file)) as client:
                 for name in ("hopsworks", "nowhere", "Not_A_Name"):
                     with pytest.raises(NotFound):

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace, settings_configmap
 from tests.support.https import StartHttpsServer
 from tests.support.reviews import apply_patch, assert_valid_pod, fixture_names, pod_review, review
-from webhook.app import MAX_BODY_BYTES, create_app
 from webhook.core.decision import Decision
+from webhook.http.app import MAX_BODY_BYTES
 
 NAMESPACES = [namespace("churn"), namespace("default"), namespace("customer-1"), namespace("keymaker")]
 
@@ -23,7 +24,7 @@ def make_app(**kwargs: Any) -> web.Application:
     state = cluster_state(namespaces=NAMESPACES)
     for kind in ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"):
         state.synced[kind] = True
-    return create_app(state, **kwargs)
+    return cache_app(state, **kwargs)
 
 
 async def post(srv: Any, path: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
@@ -177,7 +178,7 @@ async def test_unknown_path_and_method_are_json_errors(https_server: StartHttpsS
 async def test_readyz_waits_for_the_caches_and_healthz_does_not(https_server: StartHttpsServer) -> None:
     state = cluster_state(namespaces=NAMESPACES)
     state.synced.update({"Namespace": True, "Pod": False})
-    srv = await https_server(create_app(state))
+    srv = await https_server(cache_app(state))
     async with srv.session.get(srv.url("/readyz")) as resp:
         assert resp.status == 503
         assert "Pod" in json.dumps(await resp.json())
@@ -199,7 +200,7 @@ async def test_metrics_count_answers(https_server: StartHttpsServer) -> None:
 
 async def test_settings_change_applies_to_the_next_request_without_restart(https_server: StartHttpsServer) -> None:
     state = cluster_state(namespaces=[*NAMESPACES, namespace("bound", labels={"runai/queue": "bound"})])
-    srv = await https_server(create_app(state))
+    srv = await https_server(cache_app(state))
     _, before = await post(srv, "/mutate/pods", pod_review("bound"))
     assert "runai/queue" not in json.dumps(patch_of(before))
     state.apply(settings_configmap(run_ai_enable=True))

@@ -135,7 +135,7 @@ def _run(argv: list[str] | None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
     if args.command == "serve":
-        from webhook.app import run_server
+        from webhook.runtime import run_server
 
         return run_server(args)
     if args.command == "certs":

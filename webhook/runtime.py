@@ -8,11 +8,15 @@ reservations, the GPU API and the admin API.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
-from dataclasses import replace
+import signal
+from dataclasses import dataclass, field, replace
+from errno import EADDRINUSE
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,25 +25,74 @@ from aiohttp.log import access_logger
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from webhook.app import (
-    PROBE_MAX_CONNECTIONS,
-    SERVER_KEY,
-    AdmissionHandler,
-    ServeOptions,
-    StartupError,
-    cluster_mode_only_routes,
-    create_app,
-    create_probe_app,
-    default_handlers,
-    settings_handler,
-)
-from webhook.listener import Listener
+from webhook.core.guard import GuardConfig, Identities
+from webhook.http.app import PROBE_MAX_CONNECTIONS, SERVER_KEY, cluster_mode_only_routes, create_app, create_probe_app
+from webhook.http.handlers import ClusterParts, admission_handlers
+from webhook.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
 
 GC_GEN0_THRESHOLD = 20_000
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    # /healthz, /readyz, /metrics on a port that never asks for a client certificate; None: none.
+    probe_port: int | None = None
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    certs: Path = Path("certs")
+    state_dir: Path | None = None
+    kubeconfig: Path | None = None
+    namespace: str = "hopsworks"
+    client_ca: Path | None = None
+    runai_secret_dir: Path | None = None
+    installers: tuple[str, ...] = ()
+    service_account: str = "scheduling-webhook"
+    lease_name: str = "scheduling-webhook-leader"
+    drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
+    shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
+    # One INFO line per request costs about as much as the decision itself; the apiserver's audit
+    # log already records every admission. WEBHOOK_ACCESS_LOG=1 turns it on.
+    access_log: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
+        return cls(
+            host=args.host,
+            port=args.port,
+            probe_port=args.probe_port or None,
+            certs=Path(args.certs),
+            state_dir=Path(args.state) if args.state else None,
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+            namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
+            client_ca=Path(args.client_ca) if args.client_ca else None,
+            runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
+            installers=tuple(args.installer)
+            + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
+            service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
+            lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
+            drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+            connection_limits=ConnectionLimits(
+                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS))
+            ),
+            access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
+        )
+
+    def guard_config(self) -> GuardConfig:
+        own = f"system:serviceaccount:{self.namespace}:{self.service_account}"
+        return GuardConfig(
+            install_namespace=self.namespace,
+            installers=Identities.parse(self.installers),
+            own=Identities.parse([own]),
+        )
+
+
+class StartupError(RuntimeError):
+    pass
 
 
 class Stoppable(Protocol):
@@ -124,7 +177,7 @@ class Runtime:
         if probe_certs is not certs:
             await probe_certs.start()
             self._stoppers.append(probe_certs)
-        handlers = default_handlers(self.state, self.options.guard_config())
+        cluster: ClusterParts | None = None
         routes: list[web.RouteDef] = []
         if self.options.state_dir is not None:
             from webhook.local_mode import folder_mode_routes
@@ -132,8 +185,8 @@ class Runtime:
             routes = folder_mode_routes(self.state, self.options.state_dir, self.options.host)
             routes += cluster_mode_only_routes()
         if self.api_client is not None:
-            extra_handlers, routes = await self._start_cluster_parts(self.api_client)
-            handlers.update(extra_handlers)
+            cluster, routes = await self._start_cluster_parts(self.api_client)
+        handlers = admission_handlers(self.state, self.options.guard_config(), cluster)
         self.app = create_app(
             self.state,
             handlers=handlers,
@@ -192,9 +245,7 @@ class Runtime:
         # No wait for the first lists: the server listens at once and /readyz says which caches
         # are still listing (a large cluster's first pod list can take minutes; see startupProbe).
 
-    async def _start_cluster_parts(
-        self, api_client: ApiClient
-    ) -> tuple[dict[str, AdmissionHandler], list[web.RouteDef]]:
+    async def _start_cluster_parts(self, api_client: ApiClient) -> tuple[ClusterParts, list[web.RouteDef]]:
         from webhook.admin_api import admin_routes, authorize_with
         from webhook.auth import AccessCheck, KubeAuthorizer
         from webhook.console import Console, console_routes
@@ -202,8 +253,6 @@ class Runtime:
         from webhook.gpu_api import DirectoryAdapter, GpuViews
         from webhook.kubeapi import KubeApi
         from webhook.quota import GpuReservations
-        from webhook.quota.handlers import validate_pods_handler
-        from webhook.runai.admission import mutate_pods_handler
         from webhook.runai.departments import DepartmentMover
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
         from webhook.scheduling_api import scheduling_routes
@@ -237,16 +286,12 @@ class Runtime:
         runai.reconciler.mover = mover
         runai.reconciler.sweeper = reservations
 
-        handlers: dict[str, AdmissionHandler] = {
-            # /validate/workloads stays the cache-only default: a scale without a template passes
-            # with a warning and its pods are checked one by one.
-            # Binding on a first start happens in the mutating phase, so Run:ai's webhooks see the pod.
-            "/mutate/pods": mutate_pods_handler(self.state, runai.bind_for_admission),
-            "/validate/pods": validate_pods_handler(self.state, reservations, lookup=runai.lookup_project),
-            "/validate/settings": settings_handler(
-                self.state, options.guard_config(), runai.directory.department_names
-            ),
-        }
+        cluster = ClusterParts(
+            reservations=reservations,
+            bind=runai.bind_for_admission,
+            lookup=runai.lookup_project,
+            runai_departments=runai.directory.department_names,
+        )
         gpu_auth = KubeAuthorizer(kube)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
         views = GpuViews(
@@ -271,7 +316,7 @@ class Runtime:
                 )
             ),
         ]
-        return handlers, routes
+        return cluster, routes
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
@@ -288,3 +333,33 @@ class Runtime:
             await part.stop()
         if self.api_client is not None:
             await self.api_client.close()
+
+
+def run_server(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(serve(ServeOptions.from_args(args)))
+    except StartupError as exc:
+        log.error("not starting: %s", exc)
+        return 2
+    except OSError as exc:
+        # Listening failed (a port in use, an address not on this host): a line, not a traceback.
+        hint = (
+            " (another server runs there? choose --port, or PORT=... with make run)" if exc.errno == EADDRINUSE else ""
+        )
+        log.error("not starting: %s%s", exc.strerror or exc, hint)
+        return 2
+    return 0
+
+
+async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> None:
+    runtime = Runtime(options)
+    await runtime.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runtime.shutdown()

@@ -27,9 +27,8 @@ from tests.support.https import (
     wait_until,
 )
 from tests.support.kube_emulator import KubeEmulator
-from webhook.app import ServeOptions
 from webhook.core.scheduling import BINDING_SETTLE_S
-from webhook.runtime import Runtime
+from webhook.runtime import Runtime, ServeOptions
 from webhook.tls import CertKey
 
 TOKEN = "webhook-token"  # the emulator's token for the webhook's ServiceAccount

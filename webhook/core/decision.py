@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,3 +35,8 @@ class Decision:
         warnings: tuple[str, ...] | list[str] = (),
     ) -> Decision:
         return cls(allowed=False, message=message, code=code, reason=reason, warnings=tuple(warnings))
+
+
+# One admission endpoint: the AdmissionReview's `request` in, a decision out. The HTTP shell turns
+# the decision into the response; a handler may make only the request path's counted remote calls.
+AdmissionHandler = Callable[[Mapping[str, Any]], Awaitable[Decision]]

@@ -1,5 +1,5 @@
 """The admission handler of R3 against a cluster: `/validate/pods` (quota, reservation).
-`/validate/workloads` needs no I/O and lives with the other cache-only handlers in `webhook.app`.
+`webhook.http.handlers` builds it with the other admission handlers.
 
 The decisions are the pure ones in `webhook.core`; this module only adds the counted calls the
 request path may make here: looking up the Run:ai project of one bound since the last directory
@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from webhook.admission import is_dry_run
-from webhook.app import AdmissionHandler
-from webhook.core.decision import Decision
+from webhook.core.decision import AdmissionHandler, Decision
 from webhook.core.scheduling import request_namespace
 from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
 from webhook.quota.reservations import GpuReservations, reservation_need

@@ -18,8 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from webhook.admission import is_dry_run
-from webhook.app import AdmissionHandler
-from webhook.core.decision import Decision
+from webhook.core.decision import AdmissionHandler, Decision
 from webhook.core.scheduling import BINDING_SETTLE_S, BINDING_SETTLING, NOT_BOUND, mutate_pod, request_namespace
 from webhook.state.store import ClusterState
 

@@ -1,30 +1,20 @@
-"""The HTTP shell: aiohttp routes around the pure admission decisions, TLS, probes and metrics."""
+"""The HTTP shell: aiohttp routes around the admission handlers, probes and metrics. The process
+entry point (`serve`) is `webhook.runtime`."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import logging
-import os
-import signal
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from errno import EADDRINUSE
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission import BadReview, build_response, dumps, object_errors, parse_review
-from webhook.core.decision import Decision
-from webhook.core.guard import GuardConfig, Identities, validate_settings_request
-from webhook.core.scheduling import mutate_pod, request_namespace
-from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
-from webhook.core.workloads import validate_workload
-from webhook.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from webhook.core.decision import AdmissionHandler, Decision
+from webhook.core.scheduling import request_namespace
 from webhook.logsafe import log_safe
 from webhook.metrics import ADMISSION_INTERNAL_ERRORS, ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
 from webhook.state.store import ClusterState
@@ -38,7 +28,6 @@ PROBE_MAX_CONNECTIONS = 64
 # How much of a caller-chosen uid a log line shows.
 LOGGED_UID_CHARS = 64
 
-AdmissionHandler = Callable[[Mapping[str, Any]], Awaitable[Decision]]
 ReadinessCheck = Callable[[], str | None]  # None when ready, else what is missing
 
 
@@ -61,53 +50,6 @@ class ServerStatus:
 
 STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
 SERVER_KEY: web.AppKey[ServerStatus] = web.AppKey("server_status", ServerStatus)
-
-
-def mutate_handler(state: ClusterState) -> AdmissionHandler:
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        return mutate_pod(request, state.snapshot())
-
-    return handle
-
-
-def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
-    """Quota and binding state without a Run:ai connection (the Run:ai integration replaces it)."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        decision = validate_pod(request, state.snapshot(), time.time())
-        if decision.reason == NOT_KNOWN_HERE:
-            # `serve --state` has no Run:ai connection at all: say that, rather than "retry".
-            return Decision.allow(warnings=["GPU quota not checked: this server runs without a Run:ai connection"])
-        return decision
-
-    return handle
-
-
-def cached_workloads_handler(state: ClusterState) -> AdmissionHandler:
-    """Replicas × GPUs of pod owners at `kubectl apply` time, from the caches only."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        return validate_workload(request, state.snapshot(), time.time())
-
-    return handle
-
-
-def settings_handler(
-    state: ClusterState, config: GuardConfig, runai_departments: Callable[[], Collection[str] | None] = lambda: None
-) -> AdmissionHandler:
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        return validate_settings_request(request, state.snapshot(), config, runai_departments())
-
-    return handle
-
-
-def default_handlers(state: ClusterState, guard: GuardConfig) -> dict[str, AdmissionHandler]:
-    return {
-        "/mutate/pods": mutate_handler(state),
-        "/validate/pods": cached_pods_handler(state),
-        "/validate/workloads": cached_workloads_handler(state),
-        "/validate/settings": settings_handler(state, guard),
-    }
 
 
 def _json_error(status: int, reason: str) -> web.Response:
@@ -240,19 +182,18 @@ async def metrics(_: web.Request) -> web.Response:
 
 def create_app(
     state: ClusterState,
-    handlers: Mapping[str, AdmissionHandler] | None = None,
+    handlers: Mapping[str, AdmissionHandler],
     routes: Iterable[web.AbstractRouteDef] = (),
     readiness: Iterable[ReadinessCheck] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> web.Application:
-    """The application. `handlers` maps admission paths to handlers; defaults cover the rest."""
+    """The application: `handlers` maps admission paths to handlers (`webhook.http.handlers`
+    builds them), `routes` are the APIs beside them."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json])
     app[STATE_KEY] = state
     server_status = ServerStatus(readiness=[_caches_ready(state), *readiness], problems=[_settings_problem(state)])
     app[SERVER_KEY] = server_status
-    chosen = default_handlers(state, GuardConfig(install_namespace=state.install_namespace))
-    chosen.update(handlers or {})
-    for path, handler in chosen.items():
+    for path, handler in handlers.items():
         endpoint = path.strip("/").replace("/", "_")
         app.router.add_post(path, admission_route(endpoint, handler, rules_read(state)), expect_handler=expect_continue)
     _add_probe_routes(app)
@@ -308,94 +249,3 @@ def _caches_ready(state: ClusterState) -> ReadinessCheck:
         return "caches: " + ", ".join(pending)
 
     return check
-
-
-# -- serve -------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class ServeOptions:
-    host: str = "0.0.0.0"
-    port: int = 8443
-    # /healthz, /readyz, /metrics on a port that never asks for a client certificate; None: none.
-    probe_port: int | None = None
-    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
-    certs: Path = Path("certs")
-    state_dir: Path | None = None
-    kubeconfig: Path | None = None
-    namespace: str = "hopsworks"
-    client_ca: Path | None = None
-    runai_secret_dir: Path | None = None
-    installers: tuple[str, ...] = ()
-    service_account: str = "scheduling-webhook"
-    lease_name: str = "scheduling-webhook-leader"
-    drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
-    shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
-    # One INFO line per request costs about as much as the decision itself; the apiserver's audit
-    # log already records every admission. WEBHOOK_ACCESS_LOG=1 turns it on.
-    access_log: bool = False
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
-        return cls(
-            host=args.host,
-            port=args.port,
-            probe_port=args.probe_port or None,
-            certs=Path(args.certs),
-            state_dir=Path(args.state) if args.state else None,
-            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
-            namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
-            client_ca=Path(args.client_ca) if args.client_ca else None,
-            runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
-            installers=tuple(args.installer)
-            + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
-            service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
-            lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
-            drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
-            connection_limits=ConnectionLimits(
-                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS))
-            ),
-            access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
-        )
-
-    def guard_config(self) -> GuardConfig:
-        own = f"system:serviceaccount:{self.namespace}:{self.service_account}"
-        return GuardConfig(
-            install_namespace=self.namespace,
-            installers=Identities.parse(self.installers),
-            own=Identities.parse([own]),
-        )
-
-
-class StartupError(RuntimeError):
-    pass
-
-
-def run_server(args: argparse.Namespace) -> int:
-    try:
-        asyncio.run(serve(ServeOptions.from_args(args)))
-    except StartupError as exc:
-        log.error("not starting: %s", exc)
-        return 2
-    except OSError as exc:
-        # Listening failed (a port in use, an address not on this host): a line, not a traceback.
-        hint = (
-            " (another server runs there? choose --port, or PORT=... with make run)" if exc.errno == EADDRINUSE else ""
-        )
-        log.error("not starting: %s%s", exc.strerror or exc, hint)
-        return 2
-    return 0
-
-
-async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> None:
-    from webhook.runtime import Runtime
-
-    runtime = Runtime(options)
-    await runtime.start()
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runtime.shutdown()
