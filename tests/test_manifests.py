@@ -814,6 +814,20 @@ def test_network_policy_is_off_by_default(rendered: list[dict[str, Any]]) -> Non
     assert not [o for o in rendered if o["kind"] == "NetworkPolicy"]
 
 
+def test_kubectl_apply_of_the_manifests_folder_leaves_the_network_policy_out() -> None:
+    # `kubectl apply -f manifests/` reads the folder's own files only (no -R): an optional object
+    # there would be switched on by the plain command the install page shows.
+    kinds = [
+        doc.get("kind")
+        for path in MANIFESTS.iterdir()
+        if path.is_file() and path.suffix in (".yaml", ".yml", ".json")
+        for doc in yaml.safe_load_all(path.read_text())
+        if isinstance(doc, dict)
+    ]
+    assert "NetworkPolicy" not in kinds
+    assert (MANIFESTS / "optional" / "networkpolicy.yaml").is_file()
+
+
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_bundle: str, version: str) -> None:
     values = {

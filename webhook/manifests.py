@@ -66,10 +66,11 @@ DEFAULT_VALUES: dict[str, Any] = {
     "metrics": {"scrapeAnnotations": False, "serviceMonitor": False},
     "settings": {},
     "global": {},
-    # Optional NetworkPolicy (manifests/networkpolicy.yaml); see that file for why it is off.
+    # Optional NetworkPolicy (manifests/optional/networkpolicy.yaml); see that file for why it is off.
     "networkPolicy": {"enabled": False, "apiserverCIDRs": [], "apiClients": None, "metricsNamespace": "monitoring"},
 }
-NETWORK_POLICY_FILE = "networkpolicy.yaml"
+# In a subfolder: `kubectl apply -f manifests/` does not descend into it, so it stays off unless chosen.
+NETWORK_POLICY_FILE = "optional/networkpolicy.yaml"
 
 
 class RenderError(ValueError):
