@@ -21,7 +21,7 @@ from tests.support.https import HttpsServer, StartHttpsServer
 from tests.test_departments import Env, environment
 from webhook.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.cli import main as cli_main
-from webhook.kubeapi import KubeApi
+from webhook.kube.api import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
 from webhook.snapshot import DEPARTMENT_LABEL
 from webhook.tls import make_ca

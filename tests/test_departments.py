@@ -22,7 +22,7 @@ from tests.support.cluster import namespace as namespace_obj
 from tests.support.cluster import settings_configmap
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
-from webhook.kubeapi import KubeApi
+from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.departments import (
     MOVE_ANNOTATION,

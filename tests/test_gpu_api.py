@@ -35,7 +35,7 @@ from webhook.client import (
     get_gpu_availability,
 )
 from webhook.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
-from webhook.kubeapi import KubeApi
+from webhook.kube.api import KubeApi
 from webhook.metrics import REGISTRY
 from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project

@@ -1,4 +1,4 @@
-"""The watch-fed caches (webhook.state.kube) against the API emulator, over HTTP with the real client."""
+"""The watch-fed caches (webhook.kube.watch) against the API emulator, over HTTP with the real client."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from tests.support.kube_emulator import KubeEmulator, eventually
+from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
 from webhook.metrics import REGISTRY
 from webhook.settings import SETTINGS_CONFIGMAP
-from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming, default_watches
 from webhook.state.store import ClusterState
+from webhook.state.watches import cache_watcher, default_watches
 
 INSTALL_NS = "hopsworks"
 FAST = WatchTiming(page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
@@ -80,7 +81,7 @@ def state() -> ClusterState:
 
 @pytest.fixture
 async def watcher(state: ClusterState, api: ApiClient) -> AsyncIterator[KubeWatcher]:
-    w = KubeWatcher(state, api, INSTALL_NS, timing=FAST)
+    w = cache_watcher(state, api, INSTALL_NS, timing=FAST)
     yield w
     await w.stop()
 
@@ -313,7 +314,7 @@ async def test_one_more_resource_is_one_line(kube: KubeEmulator, api: ApiClient)
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": INSTALL_NS, "labels": {"app": "x"}}}
     kube.put_object({**cm, "metadata": {**cm["metadata"], "name": "a"}})
     kube.put_object({**cm, "metadata": {"name": "b", "namespace": INSTALL_NS}})
-    async with KubeWatcher(Recorder(), api, INSTALL_NS, watches=[extra]) as w:
+    async with KubeWatcher(Recorder(), [extra]) as w:
         assert await w.wait_synced(5)
         assert set(seen) == {"a"} and seen["a"]["kind"] == "ConfigMap"
         kube.put_object({**cm, "metadata": {**cm["metadata"], "name": "c"}})

@@ -12,7 +12,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
-from webhook.leader import LeaderElector, LeaseTiming
+from webhook.kube.leader import LeaderElector, LeaseTiming
 from webhook.metrics import REGISTRY
 
 NS = "hopsworks"

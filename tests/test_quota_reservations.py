@@ -27,13 +27,13 @@ from tests.support.reviews import owned_by, pod_review
 from webhook.core.decision import AdmissionHandler, Decision
 from webhook.core.scheduling import BINDING_SETTLING
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, QUEUE_MISSING, validate_pod
-from webhook.kubeapi import KubeApi
+from webhook.kube.api import KubeApi
+from webhook.kube.watch import WatchTiming
 from webhook.metrics import REGISTRY
 from webhook.quota import GpuReservations, configmap_name, validate_pods_handler
 from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, UNPROVEN, WATCH_NAME
 from webhook.runai.admission import RUNAI_UNREACHABLE, mutate_pods_handler
 from webhook.snapshot import RunaiProjectInfo
-from webhook.state.kube import WatchTiming
 from webhook.state.store import ClusterState
 
 INSTALL_NS = "hopsworks"

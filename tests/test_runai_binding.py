@@ -23,8 +23,9 @@ from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from webhook.core.validation import validate_pod
-from webhook.kubeapi import KubeApi
-from webhook.leader import LeaseTiming
+from webhook.kube.api import KubeApi
+from webhook.kube.leader import LeaseTiming
+from webhook.kube.watch import KubeWatcher, WatchTiming
 from webhook.metrics import REGISTRY
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
@@ -35,8 +36,8 @@ from webhook.runai.binding import (
 )
 from webhook.runai.client import ClientOptions
 from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
-from webhook.state.kube import KubeWatcher, WatchTiming
 from webhook.state.store import ClusterState
+from webhook.state.watches import cache_watcher
 
 INSTALL_NS = "hopsworks"
 SECRET = "binding-test-secret"
@@ -113,7 +114,9 @@ class Replica:
 
     async def start(self) -> Replica:
         self.api = self.kube.api_client()
-        self.watcher = KubeWatcher(self.state, self.api, INSTALL_NS, pods=False, local_queues=False, timing=FAST_WATCH)
+        self.watcher = cache_watcher(
+            self.state, self.api, INSTALL_NS, pods=False, local_queues=False, timing=FAST_WATCH
+        )
         await self.watcher.start()
         assert await self.watcher.wait_synced(5)
         factory = client_factory(self.secret_dir, FAST_CLIENT)

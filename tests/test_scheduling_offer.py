@@ -29,7 +29,7 @@ from webhook.core.offer_view import gpu_offer, offer_view
 from webhook.core.scheduling import mutate_pod
 from webhook.core.validation import validate_pod
 from webhook.gpu_api import GpuViews
-from webhook.kubeapi import KubeApi
+from webhook.kube.api import KubeApi
 from webhook.runai.models import NodePool, Project
 from webhook.scheduling_api import scheduling_routes
 from webhook.snapshot import RunaiProjectInfo

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from webhook import auth
-from webhook.kubeapi import KubeError
+from webhook.kube.api import KubeError
 from webhook.logsafe import log_safe
 from webhook.runai.client import RunaiError
 from webhook.runai.departments import DepartmentDeleteResult, MoveError, MoveResult, ProjectBusy

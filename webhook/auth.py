@@ -33,7 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
-from webhook.kubeapi import KubeError
+from webhook.kube.api import KubeError
 from webhook.logsafe import log_safe
 
 V = TypeVar("V")
@@ -125,7 +125,7 @@ ADMIN = AccessCheck("list", "namespaces")
 
 
 class ReviewApi(Protocol):
-    """What of `webhook.kubeapi.KubeApi` this module uses (raw JSON dicts)."""
+    """What of `webhook.kube.api.KubeApi` this module uses (raw JSON dicts)."""
 
     async def token_review(self, token: str) -> dict[str, Any]: ...
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -19,6 +23,8 @@ ADMISSION_LATENCY = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
     registry=REGISTRY,
 )
+# Which path made a remote call: the admission request path, or background work.
+CallPath = Literal["request", "background"]
 # The request path must not call out; this counts every call that does, by where it went and why.
 REMOTE_CALLS = Counter(
     "webhook_remote_calls_total",
@@ -94,3 +100,15 @@ CERT_EXPIRY = Gauge(
     "When the serving certificate new connections get expires (Unix time); the webhooks fail closed after it.",
     registry=REGISTRY,
 )
+
+_cache_log = logging.getLogger("webhook.state.store")
+
+
+def log_skipped(kind: str, event: str, obj: Mapping[str, Any]) -> None:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    CACHE_SKIPPED.labels(kind).inc()
+    # %.100s: the names are the object's own, of any length
+    _cache_log.exception(
+        "%s cache skipped a %s object %.100s/%.100s", kind, event, meta.get("namespace"), meta.get("name")
+    )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from webhook.core.guard import runai_department_for
+from webhook.kube.events import EventRecorder
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
     FINALIZER,
@@ -33,7 +34,6 @@ from webhook.runai.binding import (
     BindingBusy,
     BindingError,
     BindingUnavailable,
-    EventRecorder,
     RunaiDisabled,
 )
 from webhook.runai.directory import RunaiDirectory

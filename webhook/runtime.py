@@ -236,10 +236,10 @@ class Runtime:
                 raise StartupError(str(exc)) from None
             self._stoppers.append(source)
             return
-        from webhook.state.kube import KubeWatcher
+        from webhook.state.watches import cache_watcher
 
         self.api_client = await kube_api_client(self.options.kubeconfig)
-        watcher = KubeWatcher(self.state, self.api_client, self.options.namespace)
+        watcher = cache_watcher(self.state, self.api_client, self.options.namespace)
         await watcher.start()
         self._stoppers.append(watcher)
         # No wait for the first lists: the server listens at once and /readyz says which caches
@@ -251,7 +251,7 @@ class Runtime:
         from webhook.console import Console, console_routes
         from webhook.console.session import Sessions, shared_key
         from webhook.gpu_api import DirectoryAdapter, GpuViews
-        from webhook.kubeapi import KubeApi
+        from webhook.kube.api import KubeApi
         from webhook.quota import GpuReservations
         from webhook.runai.departments import DepartmentMover
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory

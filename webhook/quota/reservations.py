@@ -28,10 +28,10 @@ from webhook.core.decision import Decision
 from webhook.core.kinds import pod_gpu_request
 from webhook.core.scheduling import pod_target
 from webhook.core.validation import request_key, validate_pod
-from webhook.kubeapi import KubeApi, KubeConflict, KubeError
+from webhook.kube.api import KubeApi, KubeConflict, KubeError
+from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
 from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, GpuReservation
-from webhook.state.kube import KubeWatcher, ResourceWatch, WatchTiming
 from webhook.state.store import ClusterState, apply_each
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class GpuReservations:
     async def start(self, api_client: ApiClient, timing: WatchTiming | None = None) -> None:
         if self._watcher is None:
             watch = self.watch(api_client, timing)
-            self._watcher = KubeWatcher(self, api_client, self.install_namespace, watches=[watch])
+            self._watcher = KubeWatcher(self, [watch])
             await self._watcher.start()
 
     async def stop(self) -> None:

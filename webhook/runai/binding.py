@@ -31,7 +31,8 @@ from typing import Any, Literal
 import aiohttp
 
 from webhook.core.guard import runai_department_for
-from webhook.kubeapi import CallPath, KubeApi, KubeConflict, KubeError, KubeNotFound
+from webhook.kube.api import CallPath, KubeApi, KubeConflict, KubeError, KubeNotFound, Obj
+from webhook.kube.events import EventRecorder
 from webhook.runai.client import RunaiAuthError, RunaiClient, RunaiConflict, RunaiError, RunaiUnreachable
 from webhook.runai.directory import RunaiDirectory
 from webhook.runai.models import Department, Project
@@ -39,8 +40,6 @@ from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL, Namespac
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 FINALIZER = "scheduling.hopsworks.ai/runai-project"
 BINDING_ANNOTATION = "scheduling.hopsworks.ai/runai-binding"
@@ -97,65 +96,6 @@ class _Intent:
 
     def dump(self) -> str:
         return json.dumps({"state": "creating", "by": self.by, "at": round(self.at, 3)}, separators=(",", ":"))
-
-
-class EventRecorder:
-    """Kubernetes Events about namespaces, sent in the background so no caller waits for them.
-
-    The same (namespace, reason, message) is sent once: a reconcile pass every few minutes must
-    not add an Event per pass for the same drift or failure.
-    """
-
-    def __init__(self, kube: KubeApi) -> None:
-        self.kube = kube
-        self._sent: dict[tuple[str, str], str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def record(
-        self,
-        namespace: Obj | NamespaceInfo | str,
-        reason: str,
-        message: str,
-        *,
-        warning: bool = False,
-        once: bool = True,
-    ) -> None:
-        name, uid = _identity(namespace)
-        if once and self._sent.get((name, reason)) == message:
-            return
-        self._sent[(name, reason)] = message
-        involved = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": uid}}
-        task = asyncio.create_task(self._send(involved, reason, message, warning))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def forget(self, namespace: str, reason: str | None = None) -> None:
-        """Let the next event of this kind through again (the condition went away)."""
-        for key in [k for k in self._sent if k[0] == namespace and reason in (None, k[1])]:
-            del self._sent[key]
-
-    async def _send(self, involved: Obj, reason: str, message: str, warning: bool) -> None:
-        try:
-            await self.kube.create_event(involved, reason, message, type_="Warning" if warning else "Normal")
-        except Exception as exc:  # an event is a courtesy; never fail the work for it
-            log.info("event %s for namespace %s not recorded: %s", reason, involved["metadata"]["name"], exc)
-
-    def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-
-    async def flush(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-
-def _identity(namespace: Obj | NamespaceInfo | str) -> tuple[str, str]:
-    if isinstance(namespace, str):
-        return namespace, ""
-    if isinstance(namespace, NamespaceInfo):
-        return namespace.name, ""
-    meta = namespace.get("metadata") or {}
-    return str(meta.get("name", "")), str(meta.get("uid", ""))
 
 
 class Binder:

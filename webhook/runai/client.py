@@ -17,21 +17,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
 
-from webhook.metrics import REMOTE_CALLS, RUNAI_REACHABLE
+from webhook.metrics import REMOTE_CALLS, RUNAI_REACHABLE, CallPath
 
 from .models import Cluster, Department, NodePool, NodePoolMetrics, Project
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("webhook.runai")
-
-CallPath = Literal["request", "background"]
 
 # 429 is not in the spec for these paths, but proxies in front of the control plane send it.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})

@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 
 from webhook.core.guard import department_name_error, runai_department_for
-from webhook.kubeapi import KubeApi, KubeConflict, KubeError, KubeNotFound
+from webhook.kube.api import KubeApi, KubeConflict, KubeError, KubeNotFound, Obj
 from webhook.runai.client import RunaiClient, RunaiError, RunaiNotFound, RunaiUnreachable
 from webhook.runai.models import Department, Project
 from webhook.settings import ClusterSettings
@@ -71,8 +71,6 @@ _SNAPSHOT_FIELDS = (
     "nodeTypes",
     "enforceRunaiScheduler",
 )
-
-Obj = dict[str, Any]
 Outcome = Literal["moved", "label-only", "unchanged", "rolled-back", "abandoned"]
 
 

@@ -22,10 +22,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from webhook.kubeapi import KubeApi
-from webhook.leader import LeaderElector, LeaseTiming, default_identity
+from webhook.kube.api import KubeApi
+from webhook.kube.events import EventRecorder
+from webhook.kube.leader import LeaderElector, LeaseTiming, default_identity
 from webhook.reconciler import Reconciler
-from webhook.runai.binding import Binder, BindingUnavailable, BindResult, EventRecorder
+from webhook.runai.binding import Binder, BindingUnavailable, BindResult
 from webhook.runai.client import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.directory import RunaiDirectory
 from webhook.runai.left import LeftProjects

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from webhook.kubeapi import KubeApi, KubeConflict
+from webhook.kube.api import KubeApi, KubeConflict
 from webhook.snapshot import LeftProject, NamespaceInfo
 
 log = logging.getLogger(__name__)

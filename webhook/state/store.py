@@ -1,7 +1,7 @@
 """The in-memory cluster state that admission reads.
 
 Two feeders write to it: a folder of YAML (`serve --state DIR`, the embedded default) and the
-Kubernetes watches (`webhook.state.kube`). Both call the same `apply`/`delete` methods with raw
+Kubernetes watches (`webhook.kube.watch`). Both call the same `apply`/`delete` methods with raw
 Kubernetes objects, so admission cannot tell them apart.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
-from webhook.metrics import CACHE_SKIPPED, PODS_UNREADABLE_GPUS, SETTINGS_REJECTED
+from webhook.metrics import PODS_UNREADABLE_GPUS, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import ClusterSnapshot, FreedPod, NamespaceInfo, PodRecord, PriorityClassInfo
 
@@ -251,14 +251,6 @@ def apply_each(kind: str, objects: list[Mapping[str, Any]], apply: Callable[[Map
             skipped += 1
             log_skipped(kind, "list", obj)
     return skipped
-
-
-def log_skipped(kind: str, event: str, obj: Mapping[str, Any]) -> None:
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    CACHE_SKIPPED.labels(kind).inc()
-    # %.100s: the names are the object's own, of any length
-    log.exception("%s cache skipped a %s object %.100s/%.100s", kind, event, meta.get("namespace"), meta.get("name"))
 
 
 def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:

@@ -21,24 +21,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Protocol
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, SchedulingV1Api
 
-from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RESTARTS
-from webhook.settings import SETTINGS_CONFIGMAP
-from webhook.state.store import log_skipped
+from webhook.kube.api import KubeGone, Obj, kube_error
+from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RESTARTS, log_skipped
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 # A kubernetes_asyncio `list_*` method (namespace and the like already bound with functools.partial).
 # It is called with keyword arguments only and `_preload_content=False`, so it returns the raw response.
 ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
-
-KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES = "kueue.x-k8s.io", "v1beta1", "localqueues"
 
 
 class Sink(Protocol):
@@ -51,18 +44,6 @@ class Sink(Protocol):
     def delete(self, obj: Mapping[str, Any]) -> None: ...
 
     def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None: ...
-
-
-class KubeApiError(Exception):
-    """The Kubernetes API answered with an error status (outside the cases the loop handles itself)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
-
-class _Gone(Exception):
-    """The resourceVersion we asked for is older than the server's history: re-list."""
 
 
 class _Absent(Exception):
@@ -120,7 +101,7 @@ class ResourceWatch:
                     continue
                 failures += 1
                 await asyncio.sleep(self._backoff(failures))
-            except _Gone:
+            except KubeGone:
                 WATCH_RESTARTS.labels(self.name, "gone").inc()
                 log.info("%s: resourceVersion %s is gone, listing again", self.name, self.resource_version)
                 self.resource_version = None
@@ -241,9 +222,7 @@ class ResourceWatch:
                 obj = obj if isinstance(obj, dict) else {}
                 if etype == "ERROR":
                     code = obj.get("code")
-                    if code == 410:
-                        raise _Gone()
-                    raise KubeApiError(int(code or 500), str(obj.get("message") or obj))
+                    raise kube_error(int(code or 500), None, str(obj.get("message") or obj))
                 meta = obj.get("metadata")
                 rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 WATCH_EVENTS.labels(self.name, etype or "").inc()
@@ -274,113 +253,21 @@ class ResourceWatch:
             log_skipped(self.name, etype, obj if isinstance(obj, dict) else {})
 
     async def _error(self, response: aiohttp.ClientResponse) -> Exception:
-        text = await response.text(errors="replace")
-        if response.status == 410:
-            return _Gone()
         if response.status == 404 and self.optional:
             return _Absent()
-        try:
-            message = json.loads(text).get("message") or text
-        except (ValueError, AttributeError):
-            message = text
-        return KubeApiError(response.status, str(message)[:300])
-
-
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-def slim_pod(pod: Obj) -> Obj:
-    """What the pod cache and its listeners need: identity, labels and annotations, GPU resources,
-    scheduling fields and phase. managedFields and the rest of the spec can be kilobytes per pod."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    slim_meta = {k: v for k, v in meta.items() if k != "managedFields"}
-    annotations = meta.get("annotations")
-    if annotations and _LAST_APPLIED in annotations:
-        slim_meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
-
-    def containers(key: str) -> list[Obj]:
-        return [
-            {"name": c.get("name"), "resources": c.get("resources") or {}}
-            for c in spec.get(key) or ()
-            if isinstance(c, Mapping)
-        ]
-
-    slim_spec: Obj = {"containers": containers("containers")}
-    if spec.get("initContainers"):
-        slim_spec["initContainers"] = containers("initContainers")
-    for key in ("nodeName", "priorityClassName", "priority", "preemptionPolicy", "schedulerName"):
-        if key in spec:
-            slim_spec[key] = spec[key]
-    out: Obj = {"metadata": slim_meta, "spec": slim_spec, "status": {"phase": (pod.get("status") or {}).get("phase")}}
-    if "kind" in pod:
-        out["kind"] = pod["kind"]
-    if "apiVersion" in pod:
-        out["apiVersion"] = pod["apiVersion"]
-    return out
-
-
-def default_watches(
-    api: ApiClient,
-    namespace: str,
-    *,
-    pods: bool = True,
-    local_queues: bool = True,
-    timing: WatchTiming | None = None,
-) -> list[ResourceWatch]:
-    """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, LocalQueues, pods."""
-    timing = timing or WatchTiming()
-    core = CoreV1Api(api)
-    watches = [
-        ResourceWatch("Namespace", core.list_namespace, timing=timing),
-        ResourceWatch("PriorityClass", SchedulingV1Api(api).list_priority_class, timing=timing),
-        ResourceWatch(
-            "ConfigMap",
-            partial(core.list_namespaced_config_map, namespace),
-            field_selector=f"metadata.name={SETTINGS_CONFIGMAP}",
-            timing=timing,
-        ),
-    ]
-    if local_queues:
-        custom = CustomObjectsApi(api)
-        watches.append(
-            ResourceWatch(
-                "LocalQueue",
-                partial(custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES),
-                optional=True,
-                timing=timing,
-            )
-        )
-    if pods:
-        watches.append(ResourceWatch("Pod", core.list_pod_for_all_namespaces, slim=slim_pod, timing=timing))
-    return watches
+        return kube_error(response.status, await response.text(errors="replace"), limit=300)
 
 
 class KubeWatcher:
-    """Runs the watches that feed a `ClusterState` (or any `Sink`) until stopped.
+    """Runs watches that feed a `ClusterState` (or any `Sink`) until stopped.
 
-    `async with KubeWatcher(state, api, "hopsworks"):` or `await w.start()` / `await w.stop()`.
+    `async with KubeWatcher(state, watches):` or `await w.start()` / `await w.stop()`; the caches'
+    own watches come from `webhook.state.watches.cache_watcher`.
     """
 
-    def __init__(
-        self,
-        state: Sink,
-        api: ApiClient,
-        namespace: str,
-        *,
-        pods: bool = True,
-        local_queues: bool = True,
-        timing: WatchTiming | None = None,
-        watches: Iterable[ResourceWatch] | None = None,
-    ) -> None:
+    def __init__(self, state: Sink, watches: Iterable[ResourceWatch]) -> None:
         self.state = state
-        self.api = api
-        self.namespace = namespace
-        self.watches: list[ResourceWatch] = (
-            list(watches)
-            if watches is not None
-            else default_watches(api, namespace, pods=pods, local_queues=local_queues, timing=timing)
-        )
+        self.watches: list[ResourceWatch] = list(watches)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:

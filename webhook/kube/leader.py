@@ -32,12 +32,10 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from webhook.kubeapi import KubeConflict, KubeNotFound, raw_call
+from webhook.kube.api import KubeConflict, KubeNotFound, Obj, raw_call
 from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

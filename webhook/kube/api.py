@@ -1,4 +1,5 @@
-"""The few Kubernetes API writes and reads this system makes outside the watches.
+"""The few Kubernetes API writes and reads this system makes outside the watches, and the one error
+hierarchy every Kubernetes call here raises (the watches of `webhook.kube.watch` too).
 
 A thin adapter over kubernetes_asyncio that speaks raw JSON dicts (no model round-trip, unknown
 fields kept), maps statuses to exceptions the callers act on, and counts every call in
@@ -18,33 +19,59 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from webhook.metrics import REMOTE_CALLS
+from webhook.metrics import REMOTE_CALLS, CallPath
 
-Obj = dict[str, Any]
-CallPath = Literal["request", "background"]
+Obj = dict[str, Any]  # a Kubernetes object as raw JSON
+
+__all__ = [
+    "CallPath",
+    "KubeApi",
+    "KubeConflict",
+    "KubeError",
+    "KubeGone",
+    "KubeNotFound",
+    "Obj",
+    "kube_error",
+    "now_rfc3339",
+    "raw_call",
+]
 
 
 class KubeError(Exception):
+    """The Kubernetes API answered with an error status; `str()` is "<status>: <message>"."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
 
 
 class KubeNotFound(KubeError):
-    pass
+    """404: no such object (for a custom resource: maybe its CRD is not installed)."""
 
 
 class KubeConflict(KubeError):
     """409: the object changed since it was read (or already exists on create)."""
 
 
-def _error(exc: ApiException) -> KubeError:
+class KubeGone(KubeError):
+    """410: the resourceVersion asked for is older than the server's history (a watch lists again)."""
+
+
+def kube_error(status: int, body: str | None, reason: str = "", limit: int | None = None) -> KubeError:
+    """The error for an error status: the message of its `Status` body, else `reason`, else the
+    body itself; cut to `limit` characters."""
+    text = body or ""
     try:
-        message = json.loads(exc.body or "{}").get("message") or exc.reason
+        message = json.loads(text or "{}").get("message") or reason or text
     except (ValueError, AttributeError):
-        message = str(exc.reason)
-    cls = {404: KubeNotFound, 409: KubeConflict}.get(exc.status or 0, KubeError)
-    return cls(exc.status or 0, str(message))
+        message = reason or text
+    message = str(message)
+    cls = {404: KubeNotFound, 409: KubeConflict, 410: KubeGone}.get(status, KubeError)
+    return cls(status, message[:limit] if limit is not None else message)
+
+
+def _error(exc: ApiException) -> KubeError:
+    return kube_error(exc.status or 0, exc.body, str(exc.reason))
 
 
 async def raw_call(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
