@@ -18,6 +18,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
+from tests.support.fixtures import remote_calls
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
@@ -36,7 +37,6 @@ from webhook.client import (
 )
 from webhook.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
 from webhook.kube.api import KubeApi
-from webhook.metrics import REGISTRY
 from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
 from webhook.state.store import ClusterState
@@ -358,13 +358,13 @@ async def test_admin_view_needs_an_admin(env: Env) -> None:
 
 async def test_reviews_are_cached_briefly(env: Env) -> None:
     srv = await env.server()
-    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"}) or 0
+    before = remote_calls("kubernetes", "request")
     for _ in range(5):
         assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
         assert (await get(srv, "/api/v1/projects/churn/gpu", "bob-token"))[0] == 403
     assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 2  # alice, bob
     assert len(env.kube.calls("POST", SARS)) == 2
-    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"})
+    after = remote_calls("kubernetes", "request")
     assert after == before + 4  # counted as request-path calls
     # Refusals are kept for less time than grants: a RoleBinding just added works soon.
     env.kube.allow("bob", "get", "pods", namespace="churn")
@@ -440,9 +440,9 @@ async def test_run_ai_unreachable(env: Env) -> None:
     await env.runai.stop_listening()
     await env.directory.refresh()
     assert not env.directory.reachable
-    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0
+    before = remote_calls("runai", "request")
     status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
-    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0
+    after = remote_calls("runai", "request")
     assert after == before  # no metrics call tried against a control plane known to be down
     # The UI keeps its GPU section: last known quota, the warning, no live numbers, no call tried.
     assert status == 200 and body["status"] == "RUN_AI_UNREACHABLE"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from tests.support.fixtures import Obj, metric, remote_calls
 from tests.support.kube_emulator import KubeEmulator, eventually
 from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
-from webhook.metrics import REGISTRY
 from webhook.settings import SETTINGS_CONFIGMAP
 from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher, default_watches
@@ -53,25 +53,13 @@ def local_queue(ns: str, name: str) -> dict[str, Any]:
     return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": name, "namespace": ns}}
 
 
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
 def pod_names(state: ClusterState) -> set[str]:
     return {f"{r.namespace}/{r.name}" for pods in state.pods.values() for r in pods.values()}
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator:
-        emulator.put_object(namespace(INSTALL_NS))
-        yield emulator
-
-
-@pytest.fixture
-async def api(kube: KubeEmulator) -> AsyncIterator[ApiClient]:
-    async with kube.api_client() as api_client:
-        yield api_client
+def kube_objects() -> list[Obj]:
+    return [namespace(INSTALL_NS)]
 
 
 @pytest.fixture
@@ -127,7 +115,7 @@ async def test_changes_show_up_without_a_restart(kube: KubeEmulator, state: Clus
     assert await watcher.wait_synced(5)
     lists_before = len(kube.calls("GET", watch=False))
     events_before = metric("webhook_watch_events_total", kind="Namespace", type="MODIFIED")
-    background_before = metric("webhook_remote_calls_total", target="kubernetes", path="background")
+    background_before = remote_calls("kubernetes", "background")
 
     kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn", "hopsworks.ai/department": "risk"}))
     await eventually(lambda: state.namespaces["churn"].department == "risk")
@@ -151,7 +139,7 @@ async def test_changes_show_up_without_a_restart(kube: KubeEmulator, state: Clus
     assert metric("webhook_watch_events_total", kind="Namespace", type="MODIFIED") == events_before + 1
     assert metric("webhook_watch_events_total", kind="Namespace", type="ADDED") == namespace_events + 1
     # Starting the watches counted as background calls; nothing since.
-    assert metric("webhook_remote_calls_total", target="kubernetes", path="background") == background_before
+    assert remote_calls("kubernetes", "background") == background_before
 
 
 async def test_pods_come_and_go(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,18 +16,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tests.support.kube_emulator import KubeEmulator, eventually
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-async def api(kube: KubeEmulator) -> AsyncIterator[ApiClient]:
-    async with kube.api_client() as api_client:
-        yield api_client
 
 
 def status_of(exc: ApiException) -> dict[str, Any]:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from webhook.kube.leader import LeaderElector, LeaseTiming
-from webhook.metrics import REGISTRY
 
 NS = "hopsworks"
 LEASE = "scheduling-webhook-leader"
@@ -21,10 +21,8 @@ TIMING = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator:
-        emulator.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        yield emulator
+def kube_objects() -> list[Obj]:
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}]
 
 
 class Candidate:
@@ -89,12 +87,12 @@ async def test_two_electors_exactly_one_leader(kube: KubeEmulator, candidates: l
 
 
 async def test_lease_calls_are_counted_as_background(kube: KubeEmulator, candidates: list[Candidate]) -> None:
-    before = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "background"})
+    before = remote_calls("kubernetes", "background")
     a = await Candidate(kube, "a").start()
     candidates.append(a)
     await wait_until(lambda: a.elector.is_leader, within=3, what="leader")
-    after = REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "background"})
-    assert (after or 0) - (before or 0) >= 2  # a read and a create at least
+    after = remote_calls("kubernetes", "background")
+    assert after - before >= 2  # a read and a create at least
     assert kube.calls("GET", "/apis/coordination.k8s.io/v1/namespaces/hopsworks/leases/")
 
 

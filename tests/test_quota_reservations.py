@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
+from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import owned_by, pod_review
@@ -29,7 +30,6 @@ from webhook.core.scheduling import BINDING_SETTLING
 from webhook.core.validation import NOT_BOUND, OVER_QUOTA, QUEUE_MISSING, validate_pod
 from webhook.kube.api import KubeApi
 from webhook.kube.watch import WatchTiming
-from webhook.metrics import REGISTRY
 from webhook.quota import GpuReservations, configmap_name, validate_pods_handler
 from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, UNPROVEN, WATCH_NAME
 from webhook.runai.admission import RUNAI_UNREACHABLE, mutate_pods_handler
@@ -87,10 +87,6 @@ class Replica:
     clock: Clock
 
 
-def remote_request_calls() -> float:
-    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"}) or 0.0
-
-
 def notebook(uid: str, gpus: float | None = 1, ns: str = "vision", dry_run: bool = False, **kw: Any) -> dict[str, Any]:
     """A real pod CREATE review for a GPU notebook, with the uid the apiserver gives the pod and the
     project's runai/queue label (as the mutating webhook set it)."""
@@ -109,11 +105,8 @@ def runai_view(state: ClusterState, **deserved: float) -> None:
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator:
-        for ns in (namespace(INSTALL_NS, project=False), BOUND, UNBOUND):
-            emulator.put_object(ns)
-        yield emulator
+def kube_objects() -> list[Obj]:
+    return [namespace(INSTALL_NS, project=False), BOUND, UNBOUND]
 
 
 @pytest.fixture
@@ -166,11 +159,11 @@ async def test_a_reservation_within_quota_writes_one_entry_counted_on_the_reques
     kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
     (a,) = await replicas(1, deserved=3)
-    before = remote_request_calls()
+    before = remote_calls("kubernetes", "request")
     decision = await a.handler(notebook("uid-1", gpus=2))
     assert decision.allowed, decision.message
     assert decision.audit["gpus-left"] == "1"
-    assert remote_request_calls() - before == 1  # one create, no GET first (nothing cached yet)
+    assert remote_calls("kubernetes", "request") - before == 1  # one create, no GET first (nothing cached yet)
     cm = kube.get_object("ConfigMap", configmap_name("vision"), INSTALL_NS)
     assert cm is not None
     assert cm["metadata"]["labels"][RESERVATIONS_LABEL] == "true"

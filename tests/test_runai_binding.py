@@ -19,6 +19,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from tests.support.cluster import namespace, settings_configmap
+from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
@@ -26,7 +27,6 @@ from webhook.core.validation import validate_pod
 from webhook.kube.api import KubeApi
 from webhook.kube.leader import LeaseTiming
 from webhook.kube.watch import KubeWatcher, WatchTiming
-from webhook.metrics import REGISTRY
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
     FINALIZER,
@@ -54,10 +54,8 @@ LEASE = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator() as emulator:
-        emulator.create_object(namespace(INSTALL_NS, project=False))
-        yield emulator
+def kube_objects() -> list[Obj]:
+    return [namespace(INSTALL_NS, project=False)]
 
 
 @pytest.fixture
@@ -222,10 +220,6 @@ def hold_lease_elsewhere(kube: KubeEmulator) -> None:
             "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "leaseTransitions": 0},
         }
     )
-
-
-def remote_calls(target: str, path: str) -> float:
-    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": target, "path": path}) or 0.0
 
 
 # ---- What Hopsworks does: project creation -------------------------------------------------------

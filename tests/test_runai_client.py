@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from tests.support.fixtures import metric, remote_calls
 from tests.support.openapi_check import validate_request, validate_response
 from tests.support.runai_standin import RunaiStandin
 from webhook.metrics import REGISTRY
@@ -53,14 +54,6 @@ def secret_dir(tmp_path: Path) -> Path:
 async def client(runai: RunaiStandin, secret_dir: Path) -> AsyncIterator[RunaiClient]:
     async with RunaiClient(runai.url, runai.client_id, SecretFile(secret_dir, "clientSecret"), options=FAST) as c:
         yield c
-
-
-def _metric(name: str, labels: dict[str, str] | None = None) -> float:
-    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
-
-
-def _runai_calls(path: str = "background") -> float:
-    return _metric("webhook_remote_calls_total", {"target": "runai", "path": path})
 
 
 # ---- the spec checker itself -------------------------------------------------------------------
@@ -390,18 +383,18 @@ async def test_default_node_pool(runai: RunaiStandin, client: RunaiClient) -> No
 async def test_unreachable_fails_fast_with_runai_unreachable(runai: RunaiStandin, client: RunaiClient) -> None:
     await client.list_clusters()
     await runai.stop_listening()
-    before = _runai_calls("request")
+    before = remote_calls("runai", "request")
     started = time.monotonic()
     with pytest.raises(RunaiUnreachable) as caught:
         await client.list_clusters(call_path="request")
     elapsed = time.monotonic() - started
     assert elapsed < FAST.timeout_s  # refused connections do not wait for the timeout
     assert caught.value.retried
-    assert _runai_calls("request") - before == FAST.retries + 1  # every attempt counted
-    assert _metric("webhook_runai_reachable") == 0
+    assert remote_calls("runai", "request") - before == FAST.retries + 1  # every attempt counted
+    assert metric("webhook_runai_reachable") == 0
     await runai.resume()
     await client.list_clusters()
-    assert _metric("webhook_runai_reachable") == 1
+    assert metric("webhook_runai_reachable") == 1
 
 
 async def test_5xx_then_success_is_retried(runai: RunaiStandin, client: RunaiClient) -> None:
@@ -473,10 +466,10 @@ async def test_flapping_control_plane(runai: RunaiStandin, client: RunaiClient) 
 
 
 async def test_request_path_calls_are_labelled(runai: RunaiStandin, client: RunaiClient) -> None:
-    before_request, before_background = _runai_calls("request"), _runai_calls("background")
+    before_request, before_background = remote_calls("runai", "request"), remote_calls("runai", "background")
     await client.list_clusters(call_path="request")  # token + clusters
-    assert _runai_calls("request") - before_request == 2
-    assert _runai_calls("background") == before_background
+    assert remote_calls("runai", "request") - before_request == 2
+    assert remote_calls("runai", "background") == before_background
 
 
 # ---- the client secret never leaks -------------------------------------------------------------

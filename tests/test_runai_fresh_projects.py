@@ -18,22 +18,18 @@ import aiohttp
 import pytest
 
 from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.fixtures import remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
-from webhook.metrics import REGISTRY
 from webhook.runai.binding import FINALIZER
 from webhook.runtime import Runtime, ServeOptions
 
 SECRET = "fresh-projects-secret"
 INSTALL_NS = "hopsworks"
 ROUNDS = 20
-
-
-def runai_request_calls() -> float:
-    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "runai", "path": "request"}) or 0.0
 
 
 @dataclass
@@ -123,7 +119,7 @@ async def test_two_replicas_racing_for_a_fresh_projects_last_gpu_never_both_admi
     b = await env.start("b")
     over_admissions = 0
     unchecked: list[str] = []
-    calls_before = runai_request_calls()
+    calls_before = remote_calls("runai", "request")
     for i in range(ROUNDS):
         ns = f"fresh-{i}"
         env.emu.create_object(namespace(ns))
@@ -150,7 +146,7 @@ async def test_two_replicas_racing_for_a_fresh_projects_last_gpu_never_both_admi
     assert unchecked == []  # Run:ai answered all along: never "not checked", never "unreachable"
     # The replica that did not bind looked the project up: one counted call per round at most
     # (two concurrent lookups of one project on one replica share one call).
-    calls = runai_request_calls() - calls_before
+    calls = remote_calls("runai", "request") - calls_before
     assert 1 <= calls <= 2 * ROUNDS, calls
 
 
@@ -211,7 +207,7 @@ async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gon
     binder = a if "vision" in (a.runtime.state.snapshot().runai_projects or {}) else b
     other = b if binder is a else a
     del env.runai.projects[project_id]
-    calls_before = runai_request_calls()
+    calls_before = remote_calls("runai", "request")
 
     # Three at once on the replica that never saw the project: one lookup between them.
     answers = await asyncio.gather(*(other.review("/validate/pods", notebook("vision", f"nb-{i}")) for i in range(3)))
@@ -223,7 +219,7 @@ async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gon
     assert [r.query["filterBy"] for r in lookups][-1:] == [f"name==vision,clusterId=={env.runai.cluster_id}"]
     again = await other.review("/validate/pods", notebook("vision", "nb-3"))
     assert_says_missing_and_what_to_do(again["status"]["message"])
-    assert runai_request_calls() - calls_before == 1
+    assert remote_calls("runai", "request") - calls_before == 1
 
     status, view = await other.get("/api/v1/projects/vision/gpu", "alice-token")
     assert status == 200 and view["status"] == "RUN_AI_PROJECT_MISSING", view

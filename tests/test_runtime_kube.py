@@ -16,15 +16,11 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.fixtures import remote_calls
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
 from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
-from webhook.metrics import REGISTRY
 from webhook.settings import SETTINGS_CONFIGMAP
-
-
-def request_path_calls() -> float:
-    return REGISTRY.get_sample_value("webhook_remote_calls_total", {"target": "kubernetes", "path": "request"}) or 0.0
 
 
 @pytest.fixture
@@ -61,7 +57,7 @@ async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
                 patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
                 return data, patch
 
-            calls_before = request_path_calls()
+            calls_before = remote_calls("kubernetes", "request")
             data, patch = await mutate("churn")
             patched = apply_patch(data["request"]["object"], patch)
             assert patched["spec"]["priorityClassName"] == "normal"
@@ -83,7 +79,7 @@ async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
             await poll()
             assert label_op in latest[0]
             # The request path made no call to the API (other tests in this process may have).
-            assert request_path_calls() == calls_before
+            assert remote_calls("kubernetes", "request") == calls_before
     finally:
         await runtime.shutdown()
 
