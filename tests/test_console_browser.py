@@ -345,6 +345,7 @@ async def sign_in(page: Page, token: str, then: str = "/ui/") -> None:
     assert await page.path() == then, await page.text("main")
 
 
+@pytest.mark.slow
 async def test_cluster_pages_show_the_apis_numbers_and_each_warning(cluster: Served) -> None:
     page, runai = cluster.page, cluster.extra["runai"]
     await page.open("/ui/projects/alpha")

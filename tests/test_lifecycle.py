@@ -235,6 +235,7 @@ async def test_sigterm_under_load_drains_then_exits_zero(server: Server) -> None
     assert "aiohttp.access" not in server.output()
 
 
+@pytest.mark.slow
 async def test_rotated_certificate_is_served_without_restart_or_failed_request(
     server: Server, certs: CertFiles
 ) -> None:

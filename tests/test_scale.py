@@ -7,6 +7,8 @@ import gc
 import tracemalloc
 from typing import Any
 
+import pytest
+
 from bench.scale import new_state, pod_object
 from webhook.state.store import ClusterState
 
@@ -39,6 +41,7 @@ def traced_bytes_per_pod(state: ClusterState, kib: int) -> float:
     return (after - before) / PODS
 
 
+@pytest.mark.slow
 def test_memory_per_pod_is_bounded_and_does_not_grow_with_the_pod() -> None:
     slim = traced_bytes_per_pod(new_state(), kib=0)
     big = traced_bytes_per_pod(new_state(), kib=8)
