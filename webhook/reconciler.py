@@ -40,6 +40,7 @@ from webhook.runai.directory import RunaiDirectory
 from webhook.runai.left import LEFT_CONFIGMAP, LeftProjects
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, LeftProject, NamespaceInfo
 from webhook.state.store import ClusterState
+from webhook.tasks import wait_for_event
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,7 @@ class Reconciler:
                         self._backoff()
                     continue
                 due = max(self._retry_at, now if self._queue else self._next_pass)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, due - now))
+                await wait_for_event(self._wake, max(0.0, due - now))
         finally:
             with contextlib.suppress(ValueError):
                 self.state.listeners.remove(self.on_cluster_event)

@@ -158,10 +158,12 @@ class LeaderElector:
                     )
                     return
                 try:
-                    renewed = await asyncio.wait_for(self._try_acquire_or_renew(), remaining)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can lose a stop's cancellation.
+                    async with asyncio.timeout(remaining):
+                        renewed = await self._try_acquire_or_renew()
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # includes TimeoutError from wait_for
+                except Exception as exc:  # includes TimeoutError from the timeout
                     log.info("lease %s/%s: renew failed: %s", self.namespace, self.name, exc)
                     renewed = None
                 if renewed:

@@ -12,7 +12,6 @@ namespace sharing it. With `run_ai_enable` off no call is made at all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
-from webhook.tasks import cancel_and_wait
+from webhook.tasks import cancel_and_wait, wait_for_event
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +112,7 @@ class RunaiDirectory:
                 raise
             except Exception:  # a bug here must not stop the refreshes for good
                 log.exception("Run:ai directory refresh failed unexpectedly")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            await wait_for_event(self._wake, self.interval_s)
             self._wake.clear()
 
     # -- refresh ------------------------------------------------------------------------------
