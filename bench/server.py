@@ -24,7 +24,7 @@ from pathlib import Path
 from aiohttp import web
 
 from webhook.admission import dumps, loads
-from webhook.tls import make_server_ssl_context
+from webhook.tls.watcher import make_server_ssl_context
 
 
 async def _wait_for_signal() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from webhook.tls import make_ca, make_serving_cert, write_serving_files
+from webhook.tls.issuing import make_ca, make_serving_cert, write_serving_files
 
 SERVICE = "scheduling-webhook"
 NAMESPACE = "hopsworks"

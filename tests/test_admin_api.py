@@ -24,7 +24,7 @@ from webhook.cli import main as cli_main
 from webhook.kube.api import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
 from webhook.snapshot import DEPARTMENT_LABEL
-from webhook.tls import make_ca
+from webhook.tls.issuing import make_ca
 
 ADMIN_TOKEN = "token-of-alice"
 USER_TOKEN = "token-of-bob"

@@ -24,7 +24,7 @@ from tests.support.https import HttpsServer, make_cert_files, start_https_server
 from tests.support.kube_emulator import KubeEmulator, Obj
 from tests.support.reviews import review
 from webhook.manifests import render
-from webhook.tls import make_ca
+from webhook.tls.issuing import make_ca
 
 Answer = Callable[[Obj], Awaitable[Obj] | Obj]  # AdmissionRequest -> AdmissionResponse fields
 

@@ -34,7 +34,7 @@ from tests.support.reviews import pod_review
 from webhook.core.decision import Decision
 from webhook.listener import ConnectionLimits
 from webhook.runtime import Runtime, ServeOptions
-from webhook.tls import make_client_ssl_context
+from webhook.tls.watcher import make_client_ssl_context
 
 SHORT = ConnectionLimits(handshake_timeout_s=0.5, header_timeout_s=0.5, idle_timeout_s=1.5, max_connections=64)
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"

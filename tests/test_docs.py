@@ -32,7 +32,7 @@ from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.runtime import ServeOptions
 from webhook.snapshot import RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
 from webhook.state.store import ClusterState
-from webhook.tls import make_ca
+from webhook.tls.issuing import make_ca
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

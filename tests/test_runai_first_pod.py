@@ -34,7 +34,7 @@ from tests.support.runtime import TOKEN, start_runtime
 from tests.test_runai_binding import hold_lease_elsewhere  # no leader: only a pod binds
 from webhook.manifests import render
 from webhook.runtime import Runtime
-from webhook.tls import make_ca
+from webhook.tls.issuing import make_ca
 
 INSTALL_NS = "hopsworks"
 SECRET = "first-pod-secret"

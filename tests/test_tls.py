@@ -37,8 +37,10 @@ from tests.support.https import (
     raw_request,
     wait_until,
 )
-from webhook import tls
+from webhook import certs_cli
 from webhook.metrics import REGISTRY
+from webhook.tls import issuing
+from webhook.tls import watcher as tls_watcher
 
 # The `https_server` fixture comes from tests.support.https, registered in tests/conftest.py.
 
@@ -94,12 +96,12 @@ async def get_ok(session: aiohttp.ClientSession, srv: HttpsServer) -> None:
 
 
 def test_serving_certificate_names_usage_and_chain() -> None:
-    ca = tls.make_ca(days=30)
-    cert = tls.make_serving_cert(
+    ca = issuing.make_ca(days=30)
+    cert = issuing.make_serving_cert(
         ca, SERVICE, NAMESPACE, dns_names=["localhost", "127.0.0.1", "localhost"], ips=["::1"], days=10
     ).cert
 
-    dns, ips = tls.sans_of(cert)
+    dns, ips = issuing.sans_of(cert)
     assert dns == [
         "scheduling-webhook",
         "scheduling-webhook.hopsworks",
@@ -130,26 +132,26 @@ def test_serving_certificate_names_usage_and_chain() -> None:
     with pytest.raises(VerificationError):
         verifier.build_server_verifier(x509.DNSName("other.hopsworks.svc")).verify(cert, [])
     with pytest.raises(VerificationError):  # another CA
-        PolicyBuilder().store(Store([tls.make_ca().cert])).build_server_verifier(x509.DNSName(SERVICE_HOST)).verify(
+        PolicyBuilder().store(Store([issuing.make_ca().cert])).build_server_verifier(x509.DNSName(SERVICE_HOST)).verify(
             cert, []
         )
 
 
 def test_client_certificate_is_for_client_auth_only() -> None:
-    ca = tls.make_ca(days=30)
-    client = tls.make_client_cert(ca, "apiserver", days=10)
+    ca = issuing.make_ca(days=30)
+    client = issuing.make_client_cert(ca, "apiserver", days=10)
     assert list(client.cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
         ExtendedKeyUsageOID.CLIENT_AUTH
     ]
     client.cert.verify_directly_issued_by(ca.cert)
-    assert tls.CertKey.from_pem(client.cert_pem, client.key_pem).cert == client.cert
+    assert issuing.CertKey.from_pem(client.cert_pem, client.key_pem).cert == client.cert
     with pytest.raises(ValueError, match="does not belong"):
-        tls.CertKey.from_pem(client.cert_pem, tls.make_client_cert(ca).key_pem)
+        issuing.CertKey.from_pem(client.cert_pem, issuing.make_client_cert(ca).key_pem)
 
 
 def test_serving_certificate_does_not_outlive_its_ca() -> None:
-    ca = tls.make_ca(days=2)
-    cert = tls.make_serving_cert(ca, SERVICE, NAMESPACE, days=365).cert
+    ca = issuing.make_ca(days=2)
+    cert = issuing.make_serving_cert(ca, SERVICE, NAMESPACE, days=365).cert
     assert cert.not_valid_after_utc == ca.cert.not_valid_after_utc
 
 
@@ -167,7 +169,7 @@ def certs_args(out: Path, **kw: object) -> argparse.Namespace:
 
 def test_certs_command_writes_files_and_is_idempotent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "certs"
-    assert tls.certs_command(certs_args(out)) == 0
+    assert certs_cli.certs_command(certs_args(out)) == 0
     for name, mode in [("ca.crt", 0o644), ("ca.key", 0o600), ("tls.crt", 0o644), ("tls.key", 0o600)]:
         assert stat.S_IMODE((out / name).stat().st_mode) == mode, name
     printed = capsys.readouterr().out
@@ -177,12 +179,12 @@ def test_certs_command_writes_files_and_is_idempotent(tmp_path: Path, capsys: py
 
     ca_pem = (out / "ca.crt").read_bytes()
     first = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
-    serving = tls.CertKey.from_pem((out / "tls.crt").read_bytes(), (out / "tls.key").read_bytes())
-    assert tls.sans_of(serving.cert)[1] == [ipaddress.ip_address("127.0.0.1")]
+    serving = issuing.CertKey.from_pem((out / "tls.crt").read_bytes(), (out / "tls.key").read_bytes())
+    assert issuing.sans_of(serving.cert)[1] == [ipaddress.ip_address("127.0.0.1")]
 
     # Again: the CA is kept (the caBundle in the webhook configurations stays valid), the
     # serving certificate is re-issued by it.
-    assert tls.certs_command(certs_args(out)) == 0
+    assert certs_cli.certs_command(certs_args(out)) == 0
     assert "kept CA" in capsys.readouterr().out
     assert (out / "ca.crt").read_bytes() == ca_pem
     second = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
@@ -191,17 +193,17 @@ def test_certs_command_writes_files_and_is_idempotent(tmp_path: Path, capsys: py
     assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
 
     # Asked for a new CA: a different one.
-    assert tls.certs_command(certs_args(out, new_ca=True)) == 0
+    assert certs_cli.certs_command(certs_args(out, new_ca=True)) == 0
     assert (out / "ca.crt").read_bytes() != ca_pem
 
 
 def test_certs_command_refuses_what_it_cannot_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "certs"
-    assert tls.certs_command(certs_args(out, ip=["not-an-ip"])) == 2
-    assert tls.certs_command(certs_args(out)) == 0
+    assert certs_cli.certs_command(certs_args(out, ip=["not-an-ip"])) == 2
+    assert certs_cli.certs_command(certs_args(out)) == 0
     (out / "ca.key").unlink()
     before = (out / "tls.crt").read_bytes()
-    assert tls.certs_command(certs_args(out)) == 1
+    assert certs_cli.certs_command(certs_args(out)) == 1
     assert "ca.key" in capsys.readouterr().err
     assert (out / "tls.crt").read_bytes() == before  # nothing half-done
 
@@ -213,35 +215,35 @@ def test_keep_valid_keeps_a_matching_certificate_and_reissues_one_lacking_a_name
     for the Service alone (once the README's install step wrote there) must be replaced."""
     out = tmp_path / "dev"
     dev = {"keep_valid": True, "days": 365}
-    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert certs_cli.certs_command(certs_args(out, **dev)) == 0
     first = (out / "tls.crt").read_bytes()
     capsys.readouterr()
-    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert certs_cli.certs_command(certs_args(out, **dev)) == 0
     assert f"kept {out / 'tls.crt'}" in capsys.readouterr().out
     assert (out / "tls.crt").read_bytes() == first  # valid, the names asked, 30+ days left: untouched
 
-    assert tls.certs_command(certs_args(out, hostname=[], ip=[], days=365)) == 0  # the Service's names only
+    assert certs_cli.certs_command(certs_args(out, hostname=[], ip=[], days=365)) == 0  # the Service's names only
     capsys.readouterr()
-    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert certs_cli.certs_command(certs_args(out, **dev)) == 0
     assert "re-issuing" in (printed := capsys.readouterr().out) and "it lacks localhost, 127.0.0.1" in printed
-    dns, ips = tls.sans_of(x509.load_pem_x509_certificate((out / "tls.crt").read_bytes()))
+    dns, ips = issuing.sans_of(x509.load_pem_x509_certificate((out / "tls.crt").read_bytes()))
     assert "localhost" in dns and ipaddress.ip_address("127.0.0.1") in ips
 
     # Signed by another CA, or expiring within 30 days: re-issued too.
-    other = tls.make_ca()
-    stray = tls.make_serving_cert(other, SERVICE, NAMESPACE, dns_names=["localhost"], ips=["127.0.0.1"])
-    tls.write_serving_files(out, other, stray, write_ca=False)
-    assert tls.certs_command(certs_args(out, **dev)) == 0
+    other = issuing.make_ca()
+    stray = issuing.make_serving_cert(other, SERVICE, NAMESPACE, dns_names=["localhost"], ips=["127.0.0.1"])
+    issuing.write_serving_files(out, other, stray, write_ca=False)
+    assert certs_cli.certs_command(certs_args(out, **dev)) == 0
     assert "not issued by the CA" in capsys.readouterr().out
-    assert tls.certs_command(certs_args(out, days=10)) == 0
+    assert certs_cli.certs_command(certs_args(out, days=10)) == 0
     capsys.readouterr()
-    assert tls.certs_command(certs_args(out, **dev)) == 0
+    assert certs_cli.certs_command(certs_args(out, **dev)) == 0
     assert "it expires" in capsys.readouterr().out
 
 
 def test_expiry_metric_follows_the_served_certificate(tmp_path: Path) -> None:
     certs = make_cert_files(tmp_path / "certs")
-    watcher = tls.CertWatcher(certs.cert_file, certs.key_file)
+    watcher = tls_watcher.CertWatcher(certs.cert_file, certs.key_file)
     assert watcher.reload_now() == "loaded"
     expiry = REGISTRY.get_sample_value("webhook_serving_certificate_expiry_timestamp_seconds")
     assert expiry == certs.serving.cert.not_valid_after_utc.timestamp()
@@ -281,7 +283,7 @@ async def test_client_refuses_a_certificate_for_another_name(https_server: Start
 async def test_client_refuses_a_certificate_from_another_ca(https_server: StartHttpsServer) -> None:
     ok = OkApp()
     srv = await https_server(ok.app)
-    session = srv.new_session(ssl_context=client_ssl_context(tls.make_ca().cert_pem))
+    session = srv.new_session(ssl_context=client_ssl_context(issuing.make_ca().cert_pem))
     with pytest.raises(aiohttp.ClientConnectorCertificateError) as err:
         await get_ok(session, srv)
     assert err.value.certificate_error.verify_code == 20  # X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY
@@ -333,7 +335,7 @@ async def test_tls11_and_below_refused(https_server: StartHttpsServer) -> None:
         await control.wait_closed()
 
     with pytest.raises(ValueError, match=r"below TLS 1\.2"):
-        tls.make_server_ssl_context(srv.certs.cert_file, srv.certs.key_file, min_version=ssl.TLSVersion.TLSv1_1)
+        tls_watcher.make_server_ssl_context(srv.certs.cert_file, srv.certs.key_file, min_version=ssl.TLSVersion.TLSv1_1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,12 +351,12 @@ async def test_client_certificate_required_and_verified(https_server: StartHttps
     await get_ok(srv.session, srv)  # the session presents the client certificate the CA signed
     assert ok.calls == 1
 
-    strangers = tls.make_ca()
+    strangers = issuing.make_ca()
     refused: dict[str, ssl.SSLContext] = {
         "no certificate": srv.client_ssl_context(None),
-        "another CA": srv.client_ssl_context(tls.make_client_cert(strangers)),
+        "another CA": srv.client_ssl_context(issuing.make_client_cert(strangers)),
         # Right CA, wrong purpose: OpenSSL checks EKU clientAuth on the server side.
-        "serverAuth only": srv.client_ssl_context(tls.make_serving_cert(srv.certs.client_ca, "x", "y")),
+        "serverAuth only": srv.client_ssl_context(issuing.make_serving_cert(srv.certs.client_ca, "x", "y")),
     }
     for what, ctx in refused.items():
         # With TLS 1.3 the client finishes its side first and learns of the refusal on the
@@ -488,7 +490,7 @@ async def test_broken_pair_keeps_the_old_certificate(https_server: StartHttpsSer
 
 async def test_not_ready_until_a_valid_pair_appears(tmp_path: Path) -> None:
     certs_dir = tmp_path / "later"
-    watcher = tls.CertWatcher.from_dir(certs_dir, interval=0.05)
+    watcher = tls_watcher.CertWatcher.from_dir(certs_dir, interval=0.05)
     failures = reloads("failure")
     await watcher.start()
     try:
@@ -496,7 +498,7 @@ async def test_not_ready_until_a_valid_pair_appears(tmp_path: Path) -> None:
         assert reloads("failure") == failures + 1
         # Not ready: a handshake is refused at once (no hang, no certificate from nowhere).
         server, port = await _serve(watcher.ssl_context)
-        ca = tls.make_ca(days=30)
+        ca = issuing.make_ca(days=30)
         with pytest.raises((ssl.SSLError, ConnectionError)):
             await raw_request(port, client_ssl_context(ca.cert_pem))
         files = make_cert_files(certs_dir, ca=ca)
@@ -540,7 +542,7 @@ async def _serve(ctx: ssl.SSLContext) -> tuple[asyncio.Server, int]:
 
 async def test_load_cert_chain_on_a_live_context_reaches_new_handshakes(tmp_path: Path) -> None:
     files = make_cert_files(tmp_path / "certs")
-    ctx = tls.make_server_ssl_context(files.cert_file, files.key_file)
+    ctx = tls_watcher.make_server_ssl_context(files.cert_file, files.key_file)
     server, port = await _serve(ctx)
     try:
         client = client_ssl_context(files.ca.cert_pem)
@@ -559,7 +561,7 @@ async def test_load_cert_chain_keeps_a_certificate_of_another_key_type(tmp_path:
     # load_cert_chain, a client that prefers RSA still gets the old certificate. CertWatcher's
     # per-pair contexts do not.
     files = make_cert_files(tmp_path / "certs")
-    rsa_cert = tls.make_serving_cert(
+    rsa_cert = issuing.make_serving_cert(
         files.ca, SERVICE, NAMESPACE, key=rsa.generate_private_key(public_exponent=65537, key_size=2048)
     )
     files.install(rsa_cert)
@@ -568,8 +570,8 @@ async def test_load_cert_chain_keeps_a_certificate_of_another_key_type(tmp_path:
     rsa_only.maximum_version = ssl.TLSVersion.TLSv1_2  # TLS 1.2 ciphers name the key type
     rsa_only.set_ciphers("ECDHE-RSA-AES128-GCM-SHA256")
 
-    live = tls.make_server_ssl_context(files.cert_file, files.key_file)
-    watcher = tls.CertWatcher(files.cert_file, files.key_file)
+    live = tls_watcher.make_server_ssl_context(files.cert_file, files.key_file)
+    watcher = tls_watcher.CertWatcher(files.cert_file, files.key_file)
     assert watcher.reload_now() == "loaded"
     live_server, live_port = await _serve(live)
     watched_server, watched_port = await _serve(watcher.ssl_context)

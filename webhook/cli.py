@@ -139,7 +139,7 @@ def _run(argv: list[str] | None) -> int:
 
         return run_server(args)
     if args.command == "certs":
-        from webhook.tls import certs_command
+        from webhook.certs_cli import certs_command
 
         return certs_command(args)
     if args.command == "manifests":

@@ -162,7 +162,7 @@ class Runtime:
         # start: the last good settings, or the defaults, serve and /readyz, /metrics and the log
         # say why, so the settings webhook is up to let the fixing edit through.
         await self._start_state()
-        from webhook.tls import CertWatcher
+        from webhook.tls.watcher import CertWatcher
 
         certs = CertWatcher(
             self.options.certs / "tls.crt",

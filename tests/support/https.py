@@ -38,18 +38,17 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from cryptography import x509
 
 from webhook.listener import ConnectionLimits, Listener
-from webhook.tls import (
+from webhook.tls.issuing import (
     CA_CERT_FILE,
     CERT_FILE,
     KEY_FILE,
     CertKey,
-    CertWatcher,
     make_ca,
     make_client_cert,
-    make_client_ssl_context,
     make_serving_cert,
     write_file_atomic,
 )
+from webhook.tls.watcher import CertWatcher, make_client_ssl_context
 
 SERVICE = "scheduling-webhook"
 NAMESPACE = "hopsworks"

@@ -29,7 +29,7 @@ from tests.support.https import (
 from tests.support.kube_emulator import KubeEmulator
 from webhook.core.scheduling import BINDING_SETTLE_S
 from webhook.runtime import Runtime, ServeOptions
-from webhook.tls import CertKey
+from webhook.tls.issuing import CertKey
 
 TOKEN = "webhook-token"  # the emulator's token for the webhook's ServiceAccount
 
