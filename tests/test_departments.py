@@ -595,8 +595,14 @@ async def test_the_leaders_reconcile_pass_settles_a_move_left_half_done(env: Env
     with pytest.raises(Crash):
         await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
     env.state.apply(env.ns("p1"))
-    integration = RunaiIntegration(env.state, env.api, env.kapi, lambda _: env.client, IntegrationOptions())
-    integration.reconciler.mover = env.mover(instance="leader-2", clock=_later(600))
+    integration = RunaiIntegration(
+        env.state,
+        env.api,
+        env.kapi,
+        lambda _: env.client,
+        IntegrationOptions(),
+        mover=env.mover(instance="leader-2", clock=_later(600)),
+    )
     report = await integration.reconciler.pass_once()
     assert not report.unavailable
     new = env.runai.project("p1")

@@ -253,12 +253,14 @@ class Runtime:
         from webhook.gpu_api import DirectoryAdapter, GpuViews
         from webhook.kube.api import KubeApi
         from webhook.quota import GpuReservations
-        from webhook.runai.departments import DepartmentMover
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
         from webhook.scheduling_api import scheduling_routes
 
         options = self.options
         kube = KubeApi(api_client, options.namespace)
+        reservations = GpuReservations(self.state, kube)
+        await reservations.start(api_client)
+        self._stoppers.append(reservations)
         runai = await RunaiIntegration.start(
             self.state,
             api_client,
@@ -269,22 +271,11 @@ class Runtime:
                 secret_dir=options.runai_secret_dir,
                 lease_name=options.lease_name,
             ),
+            sweeper=reservations,
         )
         self.runai = runai
         self._stoppers.append(runai)
-        reservations = GpuReservations(self.state, kube)
-        await reservations.start(api_client)
-        self._stoppers.append(reservations)
-        mover = DepartmentMover(
-            kube,
-            runai.client,
-            self.state,
-            runai_departments=runai.directory.department_names,
-            directory=runai.directory,
-            instance=kube.instance,
-        )
-        runai.reconciler.mover = mover
-        runai.reconciler.sweeper = reservations
+        mover = runai.mover
 
         cluster = ClusterParts(
             reservations=reservations,

@@ -25,11 +25,12 @@ from kubernetes_asyncio.client import ApiClient
 from webhook.kube.api import KubeApi
 from webhook.kube.events import EventRecorder
 from webhook.kube.leader import LeaderElector, LeaseTiming, default_identity
-from webhook.reconciler import Reconciler
 from webhook.runai.binding import Binder, BindingUnavailable, BindResult
 from webhook.runai.client import ClientOptions, RunaiClient, SecretFile
+from webhook.runai.departments import DepartmentMover
 from webhook.runai.directory import RunaiDirectory
 from webhook.runai.left import LeftProjects
+from webhook.runai.reconciler import MoveRecovery, Reconciler, ReservationSweeper
 from webhook.settings import ClusterSettings
 from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait
@@ -93,7 +94,13 @@ class RunaiIntegration:
         kube_api: KubeApi,
         runai_client_factory: ClientFactory | None,
         options: IntegrationOptions,
+        *,
+        sweeper: ReservationSweeper | None = None,
+        mover: MoveRecovery | None = None,
     ) -> None:
+        """`sweeper`: deletes the GPU reservations of deleted namespaces on each reconcile pass
+        (`webhook.quota.GpuReservations`). `mover`: settles department moves left half-done; by
+        default a `DepartmentMover` over this integration's client and directory."""
         self.state = state
         self.options = options
         self.kube = kube_api
@@ -120,16 +127,26 @@ class RunaiIntegration:
             claim_ttl_s=options.claim_ttl_s,
             wait_s=options.bind_wait_s,
         )
+        self.mover = DepartmentMover(
+            kube_api,
+            self.client,
+            state,
+            runai_departments=self.directory.department_names,
+            directory=self.directory,
+            instance=kube_api.instance,
+        )
+        self.left = LeftProjects(kube_api)
         self.reconciler = Reconciler(
             state,
             self.binder,
             self.directory,
             self.events,
+            mover=mover or self.mover,
+            sweeper=sweeper,
+            left=self.left,
             backoff_initial_s=options.backoff_initial_s,
             backoff_max_s=options.backoff_max_s,
         )
-        self.left = LeftProjects(kube_api)
-        self.reconciler.left = self.left
         self.leader = LeaderElector(
             api_client,
             options.install_namespace,
@@ -147,8 +164,10 @@ class RunaiIntegration:
         kube_api: KubeApi,
         runai_client_factory: ClientFactory | None = None,
         options: IntegrationOptions | None = None,
+        *,
+        sweeper: ReservationSweeper | None = None,
     ) -> RunaiIntegration:
-        self = cls(state, api_client, kube_api, runai_client_factory, options or IntegrationOptions())
+        self = cls(state, api_client, kube_api, runai_client_factory, options or IntegrationOptions(), sweeper=sweeper)
         state.listeners.append(self._on_cluster_event)
         await self.directory.start()
         await self.leader.start()

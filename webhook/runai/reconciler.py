@@ -72,6 +72,9 @@ class Reconciler:
         directory: RunaiDirectory,
         events: EventRecorder,
         *,
+        mover: MoveRecovery | None = None,
+        sweeper: ReservationSweeper | None = None,
+        left: LeftProjects | None = None,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
@@ -82,11 +85,11 @@ class Reconciler:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         # Settles department moves left half-done (webhook.runai.departments.DepartmentMover).
-        self.mover: MoveRecovery | None = None
+        self.mover = mover
         # Deletes the GPU reservation ConfigMaps of namespaces that are gone (webhook.quota).
-        self.sweeper: ReservationSweeper | None = None
+        self.sweeper = sweeper
         # Run:ai projects left by namespaces deleted while the integration was off.
-        self.left: LeftProjects | None = None
+        self.left = left
         self.passes = 0  # full passes completed (tests and metrics read it)
         self.last_report: PassReport | None = None
         self._queue: dict[str, None] = {}  # ordered set of namespaces to look at
