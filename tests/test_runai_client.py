@@ -17,6 +17,7 @@ from tests.support.runai_standin import RunaiStandin
 from webhook.metrics import REGISTRY
 from webhook.runai import (
     ClientOptions,
+    Department,
     RunaiAuthError,
     RunaiClient,
     RunaiConflict,
@@ -169,10 +170,16 @@ async def test_clusters_uuid_is_the_cluster_id(runai: RunaiStandin, client: Runa
         await client.get_cluster("absent")
 
 
+async def find_department(client: RunaiClient, name: str, cluster_id: str) -> Department | None:
+    """The one department of that name, as a caller of the client's public API finds it."""
+    found = await client.list_departments(cluster_id=cluster_id, name=name)
+    return found[0] if found else None
+
+
 async def test_department_by_name(runai: RunaiStandin, client: RunaiClient) -> None:
     research = runai.add_department("research", gpu_quota=6)
     runai.add_department("research-2")
-    found = await client.find_department("research", cluster_id=runai.cluster_id)
+    found = await find_department(client, "research", runai.cluster_id)
     assert found is not None
     assert (found.id, found.name, found.gpu_quota, found.cluster_id) == (
         research["id"],
@@ -181,11 +188,11 @@ async def test_department_by_name(runai: RunaiStandin, client: RunaiClient) -> N
         runai.cluster_id,
     )
     assert found.quota_on("default") is not None and found.quota_on("default").deserved == 6
-    assert await client.find_department("absent", cluster_id=runai.cluster_id) is None
+    assert await find_department(client, "absent", runai.cluster_id) is None
     query = runai.calls("GET", "/api/v1/org-unit/departments")[0].query
     assert query["filterBy"] == f"name==research,clusterId=={runai.cluster_id}"
     assert query["verbosity"] == "verbose"  # status (allocated GPUs) only comes with it
-    default = await client.find_department("default", cluster_id=runai.cluster_id)
+    default = await find_department(client, "default", runai.cluster_id)
     assert default is not None
 
 
@@ -195,7 +202,7 @@ async def test_department_allocation_sums_its_projects(runai: RunaiStandin, clie
     runai.add_project("b", department="research", namespace="b", gpu_quota=3)
     runai.set_project_usage("a", allocated=2, allocated_non_preemptible=1, requested=2)
     runai.set_project_usage("b", allocated=1.5, requested=4)
-    department = await client.find_department("research", cluster_id=runai.cluster_id)
+    department = await find_department(client, "research", runai.cluster_id)
     assert department is not None
     assert (department.usage.allocated, department.usage.allocated_non_preemptible, department.usage.requested) == (
         3.5,
@@ -296,9 +303,10 @@ async def test_recreate_from_template_keeps_quota_and_settings(runai: RunaiStand
 async def test_get_and_list_by_namespace(runai: RunaiStandin, client: RunaiClient) -> None:
     adopted = runai.add_project("legacy-name", namespace="ns1", gpu_quota=1)
     runai.add_project("other", namespace="ns2")
-    (found,) = await client.find_projects_by_namespace("ns1", cluster_id=runai.cluster_id)
+    everything = await client.list_projects(cluster_id=runai.cluster_id)
+    (found,) = [p for p in everything if p.bound_to("ns1")]
     assert found.id == adopted["id"] and found.name == "legacy-name" and found.bound_to("ns1")
-    assert await client.find_projects_by_namespace("ns3", cluster_id=runai.cluster_id) == []
+    assert [p for p in everything if p.bound_to("ns3")] == []
     got = await client.get_project(adopted["id"])
     assert (got.namespace, got.phase, got.gpu_quota) == ("ns1", "Ready", 1)
     with pytest.raises(RunaiNotFound):
@@ -318,7 +326,7 @@ async def test_project_usage_per_node_pool(runai: RunaiStandin, client: RunaiCli
     runai.set_project_usage("p", allocated=3, allocated_non_preemptible=2, requested=5)
     project = await client.find_project("p", cluster_id=runai.cluster_id)
     assert project is not None
-    usage = project.usage_on("default")
+    usage = project.usage_by_node_pool["default"]
     assert (usage.allocated, usage.allocated_non_preemptible, usage.requested) == (3, 2, 5)
     assert project.usage == usage  # one node pool: the sum is the same
 

@@ -226,12 +226,6 @@ class RunaiClient:
         # The filter is applied here too: an exact match matters more than trusting the server's.
         return [d for d in departments if (name is None or d.name == name) and (cluster_id in (None, d.cluster_id))]
 
-    async def find_department(
-        self, name: str, *, cluster_id: str, call_path: CallPath = "background"
-    ) -> Department | None:
-        found = await self.list_departments(cluster_id=cluster_id, name=name, call_path=call_path)
-        return found[0] if found else None
-
     # ---- projects -------------------------------------------------------------------------
 
     async def list_projects(
@@ -256,16 +250,6 @@ class RunaiClient:
     async def find_project(self, name: str, *, cluster_id: str, call_path: CallPath = "background") -> Project | None:
         found = await self.list_projects(cluster_id=cluster_id, name=name, call_path=call_path)
         return found[0] if found else None
-
-    async def find_projects_by_namespace(
-        self, namespace: str, *, cluster_id: str, call_path: CallPath = "background"
-    ) -> list[Project]:
-        """Projects bound to `namespace` (requestedNamespace or status.namespace).
-
-        The spec's filterBy has no namespace field, so this lists the cluster's projects.
-        """
-        projects = await self.list_projects(cluster_id=cluster_id, call_path=call_path)
-        return [p for p in projects if p.bound_to(namespace)]
 
     async def get_project(self, project_id: str, *, call_path: CallPath = "background") -> Project:
         reply = await self._call("GET", f"/api/v1/org-unit/projects/{_seg(project_id)}", call_path=call_path)

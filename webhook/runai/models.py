@@ -176,9 +176,6 @@ class Project:
     def quota_on(self, node_pool: str) -> NodePoolGpuQuota | None:
         return next((q for q in self.quotas if q.node_pool_name == node_pool), None)
 
-    def usage_on(self, node_pool: str) -> GpuUsage:
-        return self.usage_by_node_pool.get(node_pool, GpuUsage())
-
 
 @dataclass(frozen=True)
 class NodePool:
