@@ -63,7 +63,7 @@ class FakeBinder:
         self.calls.append(ns)
         if not self.reachable:
             raise RunaiUnreachable("Run:ai control plane at http://127.0.0.1:9 did not answer within 3s")
-        obj = await self.kube.patch_namespace(ns, {"metadata": {"labels": {"runai/queue": ns}}}, path="request")
+        obj = await self.kube.patch_namespace(ns, {"metadata": {"labels": {"runai/queue": ns}}}, call_path="request")
         self.cache.apply({**obj, "kind": "Namespace"})
         return ("created", ns)
 

@@ -74,9 +74,9 @@ def _error(exc: ApiException) -> KubeError:
     return kube_error(exc.status or 0, exc.body, str(exc.reason))
 
 
-async def raw_call(call: Any, *args: Any, path: CallPath, **kwargs: Any) -> Obj:
+async def raw_call(call: Any, *args: Any, call_path: CallPath, **kwargs: Any) -> Obj:
     """One API call as raw JSON, counted; error statuses raise KubeError (KubeNotFound, KubeConflict)."""
-    REMOTE_CALLS.labels(target="kubernetes", path=path).inc()
+    REMOTE_CALLS.labels(target="kubernetes", path=call_path).inc()
     try:
         response = await call(*args, _preload_content=False, **kwargs)
     except ApiException as exc:
@@ -106,11 +106,16 @@ class KubeApi:
         self.instance = os.environ.get("POD_NAME") or f"{component}-{uuid.uuid4().hex[:8]}"
 
     # -- namespaces -------------------------------------------------------------------------
-    async def get_namespace(self, name: str, *, path: CallPath = "background") -> Obj:
-        return await raw_call(self.core.read_namespace, name, path=path)
+    async def get_namespace(self, name: str, *, call_path: CallPath = "background") -> Obj:
+        return await raw_call(self.core.read_namespace, name, call_path=call_path)
 
     async def patch_namespace(
-        self, name: str, patch: Mapping[str, Any], *, resource_version: str | None = None, path: CallPath = "background"
+        self,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+        call_path: CallPath = "background",
     ) -> Obj:
         """A JSON merge patch; with `resource_version` it applies only to that version (else 409)."""
         body: dict[str, Any] = json.loads(json.dumps(patch))
@@ -120,48 +125,56 @@ class KubeApi:
             self.core.patch_namespace,
             name,
             body,
-            path=path,
+            call_path=call_path,
             _content_type="application/merge-patch+json",
         )
 
-    async def list_namespaces(self, label_selector: str, *, path: CallPath = "background") -> list[Obj]:
+    async def list_namespaces(self, label_selector: str, *, call_path: CallPath = "background") -> list[Obj]:
         """Every namespace matching `label_selector`, page by page."""
         items: list[Obj] = []
         token: str | None = None
         while True:
             more = {"_continue": token} if token else {}
-            page = await raw_call(self.core.list_namespace, path=path, label_selector=label_selector, limit=500, **more)
+            page = await raw_call(
+                self.core.list_namespace, call_path=call_path, label_selector=label_selector, limit=500, **more
+            )
             items.extend(page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
 
     # -- configmaps in the install namespace ------------------------------------------------
-    async def get_configmap(self, name: str, *, path: CallPath = "background") -> Obj | None:
+    async def get_configmap(self, name: str, *, call_path: CallPath = "background") -> Obj | None:
         try:
-            return await raw_call(self.core.read_namespaced_config_map, name, self.install_namespace, path=path)
+            return await raw_call(
+                self.core.read_namespaced_config_map, name, self.install_namespace, call_path=call_path
+            )
         except KubeNotFound:
             return None
 
-    async def create_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
-        return await raw_call(self.core.create_namespaced_config_map, self.install_namespace, dict(body), path=path)
+    async def create_configmap(self, body: Mapping[str, Any], *, call_path: CallPath = "background") -> Obj:
+        return await raw_call(
+            self.core.create_namespaced_config_map, self.install_namespace, dict(body), call_path=call_path
+        )
 
-    async def replace_configmap(self, body: Mapping[str, Any], *, path: CallPath = "background") -> Obj:
+    async def replace_configmap(self, body: Mapping[str, Any], *, call_path: CallPath = "background") -> Obj:
         """PUT with the body's metadata.resourceVersion: 409 (KubeConflict) if someone wrote first."""
         name = body["metadata"]["name"]
         return await raw_call(
-            self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), path=path
+            self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), call_path=call_path
         )
 
     async def delete_configmap(
-        self, name: str, *, resource_version: str | None = None, path: CallPath = "background"
+        self, name: str, *, resource_version: str | None = None, call_path: CallPath = "background"
     ) -> None:
         """Delete, only at `resource_version` when given (409 if it changed); absent is fine."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if resource_version:
             body["preconditions"] = {"resourceVersion": resource_version}
         try:
-            await raw_call(self.core.delete_namespaced_config_map, name, self.install_namespace, body=body, path=path)
+            await raw_call(
+                self.core.delete_namespaced_config_map, name, self.install_namespace, body=body, call_path=call_path
+            )
         except KubeNotFound:
             return
 
@@ -173,7 +186,7 @@ class KubeApi:
         message: str,
         *,
         type_: Literal["Normal", "Warning"] = "Normal",
-        path: CallPath = "background",
+        call_path: CallPath = "background",
     ) -> Obj:
         """A core/v1 Event about `involved` (an object dict with kind and metadata)."""
         meta = involved.get("metadata") or {}
@@ -203,15 +216,15 @@ class KubeApi:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        return await raw_call(self.core.create_namespaced_event, namespace, body, path=path)
+        return await raw_call(self.core.create_namespaced_event, namespace, body, call_path=call_path)
 
     # -- authentication and authorization for the GPU API ------------------------------------
-    async def token_review(self, token: str, *, path: CallPath = "request") -> Obj:
+    async def token_review(self, token: str, *, call_path: CallPath = "request") -> Obj:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        return await raw_call(self.authn.create_token_review, body, path=path)
+        return await raw_call(self.authn.create_token_review, body, call_path=call_path)
 
     async def subject_access_review(
-        self, user: Mapping[str, Any], attributes: Mapping[str, Any], *, path: CallPath = "request"
+        self, user: Mapping[str, Any], attributes: Mapping[str, Any], *, call_path: CallPath = "request"
     ) -> Obj:
         body = {
             "apiVersion": "authorization.k8s.io/v1",
@@ -224,4 +237,4 @@ class KubeApi:
                 "resourceAttributes": dict(attributes),
             },
         }
-        return await raw_call(self.authz.create_subject_access_review, body, path=path)
+        return await raw_call(self.authz.create_subject_access_review, body, call_path=call_path)

@@ -273,4 +273,4 @@ class LeaderElector:
         log.info("lease %s/%s: released by %s", self.namespace, self.name, self.identity)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any) -> Obj:
-        return await raw_call(method, *args, path="background", _request_timeout=self.timing.request_timeout_s)
+        return await raw_call(method, *args, call_path="background", _request_timeout=self.timing.request_timeout_s)

@@ -243,7 +243,7 @@ class GpuReservations:
         for attempt in range(self.max_attempts):
             if attempt:
                 await asyncio.sleep(random.uniform(0, self.jitter_s * attempt))
-                cm = await self.kube.get_configmap(name, path="request")
+                cm = await self.kube.get_configmap(name, call_path="request")
                 if cm is not None:
                     self.apply(cm)  # fresher than the watch: the next admission starts from it
             current = parse_reservations(namespace, (cm or {}).get("data"))
@@ -261,10 +261,12 @@ class GpuReservations:
             data[key] = json.dumps(entry, separators=(",", ":"))
             try:
                 if cm is None:
-                    written = await self.kube.create_configmap(self._new_configmap(namespace, data), path="request")
+                    written = await self.kube.create_configmap(
+                        self._new_configmap(namespace, data), call_path="request"
+                    )
                 else:
                     body = {**cm, "data": data}
-                    written = await self.kube.replace_configmap(body, path="request")
+                    written = await self.kube.replace_configmap(body, call_path="request")
             except KubeConflict:
                 continue  # someone wrote first (or created it): read again and decide again
             self.apply(written)  # this replica sees its own write before the watch echoes it

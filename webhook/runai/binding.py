@@ -157,10 +157,10 @@ class Binder:
                 try:
                     if intent is not None:
                         # Created under an intent of ours (maybe by a binder that died): ours.
-                        written = await self._label(obj, project, created=True, path=call_path)
+                        written = await self._label(obj, project, created=True, call_path=call_path)
                         result = BindResult(namespace, project.name, project.id, "created", resumed=True)
                     else:
-                        written = await self._label(obj, project, created=False, path=call_path)
+                        written = await self._label(obj, project, created=False, call_path=call_path)
                         result = BindResult(namespace, project.name, None, "adopted")
                 except KubeConflict:
                     conflicts += 1
@@ -191,7 +191,7 @@ class Binder:
             project = await self._create(client, namespace, cluster_id, department, call_path)
             result = BindResult(namespace, project.name, project.id, "created")
             try:
-                written = await self._label(obj, project, created=True, path=call_path)
+                written = await self._label(obj, project, created=True, call_path=call_path)
             except KubeConflict:
                 conflicts += 1
                 continue  # next round finds the project and our intent, and finishes
@@ -300,7 +300,7 @@ class Binder:
         }
         return await self._patch(meta["name"], patch, str(meta.get("resourceVersion") or ""), call_path)
 
-    async def _label(self, obj: Obj, project: Project, *, created: bool, path: CallPath) -> Obj:
+    async def _label(self, obj: Obj, project: Project, *, created: bool, call_path: CallPath) -> Obj:
         meta = obj.get("metadata") or {}
         labels: dict[str, Any] = {RUNAI_QUEUE_LABEL: project.name}
         patch: Obj = {"metadata": {"labels": labels}}
@@ -312,7 +312,7 @@ class Binder:
             # put ours there before the project was created.
             if FINALIZER not in finalizers and not meta.get("deletionTimestamp"):
                 patch["metadata"]["finalizers"] = [*finalizers, FINALIZER]
-        return await self._patch(meta["name"], patch, str(meta.get("resourceVersion") or ""), path)
+        return await self._patch(meta["name"], patch, str(meta.get("resourceVersion") or ""), call_path)
 
     def _bound(self, written: Obj, project: Project, result: BindResult, read_rv: str) -> None:
         # Admission re-evaluates right after a bind: show it the label before the watch does,
@@ -342,7 +342,7 @@ class Binder:
             if cached is not None and cached.resource_version == rv:
                 continue  # the watch is at our version: a change shows up here first
             with contextlib.suppress(KubeError, aiohttp.ClientError, TimeoutError):
-                obj = await self.kube.get_namespace(namespace, path=call_path)
+                obj = await self.kube.get_namespace(namespace, call_path=call_path)
                 if str((obj.get("metadata") or {}).get("resourceVersion")) != rv:
                     return
 
@@ -443,7 +443,7 @@ class Binder:
     # -- plumbing -----------------------------------------------------------------------------
     async def _read(self, namespace: str, call_path: CallPath) -> Obj:
         try:
-            return await self.kube.get_namespace(namespace, path=call_path)
+            return await self.kube.get_namespace(namespace, call_path=call_path)
         except KubeNotFound:
             raise BindingError(f"namespace {namespace} does not exist") from None
         except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
@@ -451,7 +451,7 @@ class Binder:
 
     async def _patch(self, namespace: str, patch: Obj, rv: str, call_path: CallPath) -> Obj:
         try:
-            return await self.kube.patch_namespace(namespace, patch, resource_version=rv or None, path=call_path)
+            return await self.kube.patch_namespace(namespace, patch, resource_version=rv or None, call_path=call_path)
         except (KubeConflict, KubeNotFound):
             raise
         except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
