@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from webhook import manifests
+from webhook import manifest_files, manifests
 from webhook.manifests import RenderError, render
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
@@ -88,7 +88,7 @@ def ca_bundle(ca_pem: bytes) -> str:
 
 @pytest.fixture
 def example_values(ca_bundle: str) -> dict[str, Any]:
-    values = manifests.load_values(EXAMPLE_VALUES)
+    values = manifest_files.load_values(EXAMPLE_VALUES)
     values.pop("caFile")
     values["caBundle"] = ca_bundle
     return values
@@ -101,7 +101,7 @@ def rendered(ca_bundle: str) -> list[dict[str, Any]]:
 
 def file_objects() -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in manifests.resource_files(MANIFESTS):
+    for path in manifest_files.resource_files(MANIFESTS):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 out.append((path.name, doc))
@@ -265,7 +265,7 @@ def test_raw_webhook_configurations_carry_no_placeholder_ca() -> None:
 
 
 def test_example_priority_classes_are_shipped() -> None:
-    values = manifests.load_values(EXAMPLE_VALUES)
+    values = manifest_files.load_values(EXAMPLE_VALUES)
     named = set(values["settings"]["scheduler"]["available"]["priorityClasses"])
     shipped = list(yaml.safe_load_all((ROOT / "examples" / "priorityclasses.yaml").read_text()))
     for obj in shipped:

@@ -6,7 +6,8 @@ list of fields per kind. Anything the values do not name stays exactly as writte
 so a reviewer reads the files to know what gets applied.
 
 Where the files come from: `$SCHEDULING_WEBHOOK_MANIFESTS` when set, else `manifests/` next to
-the `webhook` package (a source checkout or an editable install), else `./manifests`. The wheel
+the `webhook` package (a source checkout or an editable install), else `./manifests`
+(`webhook.manifest_files` reads and writes them). The wheel
 does not carry them: rendering is an installer's job, done from the repository (or the
 container image, which copies them and sets the variable).
 """
@@ -17,15 +18,23 @@ import argparse
 import base64
 import copy
 import ipaddress
-import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from webhook.manifest_addons import SCRAPE_ANNOTATIONS, SERVICE_NAME, cert_manager_objects, service_monitor
+from webhook.manifest_files import (
+    RenderError,
+    dump_all,
+    load_base,
+    load_values,
+    manifests_dir,
+    write_dir,
+)
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 
 # The namespace the files in manifests/ are written for; the renderer swaps it out.
@@ -36,12 +45,9 @@ CERTS_VOLUME = "certs"
 # System namespaces the pod webhooks never select, besides the install namespace.
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
-RESOURCE_FILE = re.compile(r"^\d{2}-[a-z0-9-]+\.ya?ml$")
-MANIFESTS_ENV = "SCHEDULING_WEBHOOK_MANIFESTS"
 # What `scheduling-webhook certs` writes by default; used when the values name no CA.
 LOCAL_CA = Path("certs/cluster/ca.crt")
 CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
-SERVICE_NAME = "scheduling-webhook"
 DEFAULT_TLS_SECRET = "scheduling-webhook-tls"
 # G2: the identities allowed to change run_ai_enable reach the server as one comma-separated list
 # (`group:NAME` for a group, otherwise a user name).
@@ -73,10 +79,6 @@ DEFAULT_VALUES: dict[str, Any] = {
 NETWORK_POLICY_FILE = "optional/networkpolicy.yaml"
 
 
-class RenderError(ValueError):
-    """The values cannot be rendered; the message says which value and why."""
-
-
 # -- entry points --------------------------------------------------------------------------------
 
 
@@ -101,20 +103,6 @@ def manifests_command(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(dump_all(objects))
     return 0
-
-
-def load_values(path: Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RenderError(f"cannot read values file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise RenderError(f"values file {path} is not valid YAML: {exc}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise RenderError(f"values file {path} must hold a mapping, not {type(loaded).__name__}")
-    return loaded
 
 
 def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[str, Any]]:
@@ -207,69 +195,6 @@ def _network_policy(values: Mapping[str, Any], namespace: str, source: Path | No
         clients["from"] = copy.deepcopy(values["apiClients"])
     scraper["from"][0]["namespaceSelector"]["matchLabels"][NAMESPACE_LABEL] = metrics_ns
     return dict(policy)
-
-
-def load_base(source: Path | None = None) -> list[dict[str, Any]]:
-    """The objects in the numbered files of `manifests/`, in file order."""
-    folder = source or manifests_dir()
-    objects: list[dict[str, Any]] = []
-    for path in resource_files(folder):
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if doc is not None:
-                objects.append(doc)
-    if not objects:
-        raise RenderError(f"no manifests found in {folder}")
-    return objects
-
-
-def resource_files(folder: Path) -> list[Path]:
-    """`NN-name.yaml` files: the objects. The values example and READMEs are not objects."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and RESOURCE_FILE.match(p.name))
-
-
-def manifests_dir() -> Path:
-    candidates: list[Path] = []
-    if os.environ.get(MANIFESTS_ENV):
-        candidates.append(Path(os.environ[MANIFESTS_ENV]))
-    candidates += [Path(__file__).resolve().parent.parent / "manifests", Path.cwd() / "manifests"]
-    for folder in candidates:
-        if folder.is_dir() and resource_files(folder):
-            return folder
-    raise RenderError(
-        f"cannot find the manifests folder (looked in {', '.join(map(str, candidates))}); set {MANIFESTS_ENV}"
-    )
-
-
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the `scheduler` block) as literal blocks, so the output reads like the files."""
-
-
-def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str_representer)
-
-
-def dump(obj: Mapping[str, Any]) -> str:
-    return yaml.dump(dict(obj), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-
-
-def dump_all(objects: Iterable[Mapping[str, Any]]) -> str:
-    return "".join(f"---\n{dump(obj)}" for obj in objects)
-
-
-def write_dir(objects: list[dict[str, Any]], out: Path) -> list[Path]:
-    """One file per object, numbered so that `kubectl apply -f DIR` keeps the apply order."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index, obj in enumerate(objects):
-        name = f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-        path = out / re.sub(r"[^a-z0-9.-]+", "-", name.lower())
-        path.write_text(dump(obj), encoding="utf-8")
-        written.append(path)
-    return written
 
 
 # -- values --------------------------------------------------------------------------------------
@@ -491,14 +416,6 @@ def _apply_webhooks(obj: dict[str, Any], namespace: str, ca_bundle: str | None) 
 
 # -- cert-manager and Prometheus -----------------------------------------------------------------
 
-SCRAPE_ANNOTATIONS = {
-    "prometheus.io/scrape": "true",
-    "prometheus.io/scheme": "https",
-    "prometheus.io/port": "8444",  # the probes listener (--probe-port): TLS, no client certificate
-    "prometheus.io/path": "/metrics",
-}
-LABELS = {"app.kubernetes.io/name": SERVICE_NAME, "app.kubernetes.io/part-of": "hopsworks"}
-
 
 def _switches(merged: Mapping[str, Any], key: str) -> dict[str, Any]:
     known = set(DEFAULT_VALUES[key])
@@ -531,66 +448,3 @@ def _metrics(merged: Mapping[str, Any]) -> dict[str, bool]:
         if not isinstance(value, bool):
             raise RenderError(f"metrics.{key}: expected true or false, got {value!r}")
     return values
-
-
-def cert_manager_objects(namespace: str, secret_name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A Certificate for the Service's names into the TLS Secret the pods mount; with no issuerRef,
-    a self-signed Issuer of its own (the CA injector then puts that certificate in caBundle).
-    cert-manager renews the Secret before it expires; the kubelet updates the mounted files and
-    the server's certificate watcher switches to them without a restart."""
-    objects: list[dict[str, Any]] = []
-    issuer = values["issuerRef"]
-    if issuer is None:
-        issuer = {"name": f"{SERVICE_NAME}-selfsigned", "kind": "Issuer"}
-        objects.append(
-            {
-                "apiVersion": "cert-manager.io/v1",
-                "kind": "Issuer",
-                "metadata": {"name": issuer["name"], "namespace": namespace, "labels": dict(LABELS)},
-                "spec": {"selfSigned": {}},
-            }
-        )
-    service_dns = [f"{SERVICE_NAME}.{namespace}.svc", f"{SERVICE_NAME}.{namespace}.svc.cluster.local"]
-    objects.append(
-        {
-            "apiVersion": "cert-manager.io/v1",
-            "kind": "Certificate",
-            "metadata": {"name": SERVICE_NAME, "namespace": namespace, "labels": dict(LABELS)},
-            "spec": {
-                "secretName": secret_name,
-                "dnsNames": service_dns,
-                "duration": str(values["duration"]),
-                "renewBefore": str(values["renewBefore"]),
-                "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
-                "usages": ["digital signature", "server auth"],
-                "issuerRef": {"name": issuer["name"], "kind": issuer.get("kind", "Issuer"), "group": "cert-manager.io"},
-            },
-        }
-    )
-    return objects
-
-
-def service_monitor(namespace: str, secret_name: str) -> dict[str, Any]:
-    """A Prometheus Operator ServiceMonitor for /metrics over HTTPS, verifying the serving
-    certificate with the `ca.crt` of the TLS Secret (cert-manager writes it; otherwise add it)."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": {"name": SERVICE_NAME, "namespace": namespace, "labels": dict(LABELS)},
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
-            "namespaceSelector": {"matchNames": [namespace]},
-            "endpoints": [
-                {
-                    "port": "metrics",  # the Service's port for the probes listener
-                    "scheme": "https",
-                    "path": "/metrics",
-                    "interval": "30s",
-                    "tlsConfig": {
-                        "serverName": f"{SERVICE_NAME}.{namespace}.svc",
-                        "ca": {"secret": {"name": secret_name, "key": "ca.crt"}},
-                    },
-                }
-            ],
-        },
-    }

@@ -4,6 +4,10 @@ Only what this system needs: a token by client credentials, clusters, department
 (list/get/create/delete), node pools and their GPU metrics. Every HTTP attempt is counted in
 REMOTE_CALLS and moves RUNAI_REACHABLE. The client secret and the access token never reach a log
 line, an exception message or a repr: messages are built here and scrubbed of both.
+
+Why one file over ~450 lines: the endpoints and the transport under them (token, retries within
+one deadline, error mapping, scrubbing) share the session and the secret, and keeping them
+together keeps every path a secret could leak through in one place to review.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ is there. Whoever finds an intent whose holder has gone quiet (`recover`, `recov
 leader's reconciler) looks at what Run:ai holds under the project's name and finishes the move or
 rolls it back, so a Run:ai project is never lost, duplicated or left unbound.
 
+Over ~450 lines for now: the saga's first step still decides the move itself; that pure plan moves
+to `webhook.core.moves` (issue 11), which leaves the saga here.
+
 Intent annotation, JSON:
     {"v": 1, "id": "<uuid of this move>", "from": "<label or null>", "to": "<label or null>",
      "runaiFrom": {"id": "...", "name": "..."}, "runaiTo": {"id": "...", "name": "..."},
