@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=1800)
     parser.add_argument("--cap", type=int, default=None, help="default: the server's own default cap")
     args = parser.parse_args(argv)
-    from webhook.listener import DEFAULT_MAX_CONNECTIONS
+    from webhook.http.listener import DEFAULT_MAX_CONNECTIONS
 
     cap = args.cap or DEFAULT_MAX_CONNECTIONS
     with contextlib.suppress(ValueError, OSError):

@@ -19,8 +19,8 @@ from aiohttp import web
 from tests.support.apps import cache_app
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.test_departments import Env, environment
-from webhook.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.cli import main as cli_main
+from webhook.http.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.kube.api import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
 from webhook.snapshot import DEPARTMENT_LABEL
@@ -232,11 +232,11 @@ async def test_admin_log_lines_cannot_be_forged_through_the_path(
     env: Env, https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     srv = await _serve(env, https_server)
-    forged = "%0A2026-01-01 INFO webhook.admin_api admin root moves everything"
-    with caplog.at_level(logging.INFO, logger="webhook.admin_api"):
+    forged = "%0A2026-01-01 INFO webhook.http.admin_api admin root moves everything"
+    with caplog.at_level(logging.INFO, logger="webhook.http.admin_api"):
         await _call(srv, "POST", _move(f"p1{forged}"), body={"department": "ml\nforged"})
         await _call(srv, "DELETE", f"/api/v1/admin/departments/ml{forged}")
-    lines = [r.getMessage() for r in caplog.records if r.name == "webhook.admin_api"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "webhook.http.admin_api"]
     assert len(lines) == 2, lines
     for line in lines:
         assert "\n" not in line and "\r" not in line, line

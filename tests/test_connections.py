@@ -2,7 +2,7 @@
 its connection cap, the probe listener, and requests refused from their head alone.
 
 Each case is a hostile client (one that says nothing, dribbles headers, floods connections, or
-announces a body too large) against the server's own listener (webhook.listener.Listener), as
+announces a body too large) against the server's own listener (webhook.http.listener.Listener), as
 `serve` runs it; the limits are shortened so that the tests take seconds.
 """
 
@@ -32,7 +32,7 @@ from tests.support.https import (
 )
 from tests.support.reviews import pod_review
 from webhook.core.decision import Decision
-from webhook.listener import ConnectionLimits
+from webhook.http.listener import ConnectionLimits
 from webhook.runtime import Runtime, ServeOptions
 from webhook.tls.watcher import make_client_ssl_context
 

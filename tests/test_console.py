@@ -24,12 +24,12 @@ from tests.support.cluster import namespace, settings_configmap
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
 from tests.test_departments import Env, environment
-from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.console import Console, console_routes
 from webhook.console.session import COOKIE, Sessions, shared_key
 from webhook.console.wording import advice
 from webhook.core.gpu_view import GpuWarning
-from webhook.gpu_api import GpuViews
+from webhook.http.auth import AccessCheck, KubeAuthorizer
+from webhook.http.gpu_api import GpuViews
 from webhook.runai.client import RunaiError
 from webhook.snapshot import DEPARTMENT_LABEL
 from webhook.state.folder import read_objects

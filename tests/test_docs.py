@@ -172,8 +172,8 @@ def test_readme_lists_every_endpoint() -> None:
     app = cache_app(state)
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     # The cluster-only APIs, registered by the runtime against an apiserver.
-    from webhook.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
-    from webhook.scheduling_api import SCHEDULING_PATH
+    from webhook.http.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
+    from webhook.http.scheduling_api import SCHEDULING_PATH
 
     paths |= {"/api/v1/projects/{namespace}/gpu", "/api/v1/admin/runai", MOVE_PATH, DELETE_DEPARTMENT_PATH}
     paths.add(SCHEDULING_PATH)
@@ -185,7 +185,7 @@ def test_readme_lists_every_endpoint() -> None:
 def test_gpu_and_admin_api_paths_in_the_readme_are_the_ones_served() -> None:
     import inspect
 
-    from webhook import gpu_api
+    from webhook.http import gpu_api
 
     source = inspect.getsource(gpu_api.gpu_api_routes)
     for path in re.findall(r'"(/api/v1/[^"]+)"', source):

@@ -22,8 +22,6 @@ from tests.support.fixtures import remote_calls
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
-from webhook.admin_api import admin_routes, authorize_with
-from webhook.auth import AccessCheck, KubeAuthorizer
 from webhook.client import (
     Forbidden,
     GpuApiError,
@@ -35,7 +33,9 @@ from webhook.client import (
     Unavailable,
     get_gpu_availability,
 )
-from webhook.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
+from webhook.http.admin_api import admin_routes, authorize_with
+from webhook.http.auth import AccessCheck, KubeAuthorizer
+from webhook.http.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
 from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project

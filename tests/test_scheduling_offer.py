@@ -21,17 +21,17 @@ from tests.support.cluster import SCHEDULER, cluster_state, local_queue, namespa
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
-from webhook.auth import KubeAuthorizer
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
 from webhook.core.gpu_view import RunaiData, project_gpu_view
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import gpu_offer, offer_view
 from webhook.core.scheduling import mutate_pod
 from webhook.core.validation import validate_pod
-from webhook.gpu_api import GpuViews
+from webhook.http.auth import KubeAuthorizer
+from webhook.http.gpu_api import GpuViews
+from webhook.http.scheduling_api import scheduling_routes
 from webhook.kube.api import KubeApi
 from webhook.runai.models import NodePool, Project
-from webhook.scheduling_api import scheduling_routes
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 

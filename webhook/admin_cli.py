@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from webhook.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
+from webhook.http.admin_api import DELETE_DEPARTMENT_PATH, MOVE_PATH
 from webhook.http.app import CLUSTER_MODE_ONLY
 
 TIMEOUT_S = 120.0  # a department delete moves projects one at a time

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from webhook.auth import Forbidden, Principal
 from webhook.console import Console, console_routes
-from webhook.gpu_api import GpuViews
-from webhook.scheduling_api import scheduling_routes
+from webhook.http.auth import Forbidden, Principal
+from webhook.http.gpu_api import GpuViews
+from webhook.http.scheduling_api import scheduling_routes
 from webhook.state.runai_snapshot import RunaiSnapshotDirectory
 from webhook.state.store import ClusterState
 

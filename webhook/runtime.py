@@ -28,7 +28,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from webhook.core.guard import GuardConfig, Identities
 from webhook.http.app import PROBE_MAX_CONNECTIONS, SERVER_KEY, cluster_mode_only_routes, create_app, create_probe_app
 from webhook.http.handlers import ClusterParts, admission_handlers
-from webhook.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
+from webhook.http.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
@@ -246,15 +246,15 @@ class Runtime:
         # are still listing (a large cluster's first pod list can take minutes; see startupProbe).
 
     async def _start_cluster_parts(self, api_client: ApiClient) -> tuple[ClusterParts, list[web.RouteDef]]:
-        from webhook.admin_api import admin_routes, authorize_with
-        from webhook.auth import AccessCheck, KubeAuthorizer
         from webhook.console import Console, console_routes
         from webhook.console.session import Sessions, shared_key
-        from webhook.gpu_api import DirectoryAdapter, GpuViews
+        from webhook.http.admin_api import admin_routes, authorize_with
+        from webhook.http.auth import AccessCheck, KubeAuthorizer
+        from webhook.http.gpu_api import DirectoryAdapter, GpuViews
+        from webhook.http.scheduling_api import scheduling_routes
         from webhook.kube.api import KubeApi
         from webhook.quota import GpuReservations
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
-        from webhook.scheduling_api import scheduling_routes
 
         options = self.options
         kube = KubeApi(api_client, options.namespace)

@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from cryptography import x509
 
-from webhook.listener import ConnectionLimits, Listener
+from webhook.http.listener import ConnectionLimits, Listener
 from webhook.tls.issuing import (
     CA_CERT_FILE,
     CERT_FILE,

@@ -22,15 +22,15 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from webhook.admin_api import Mover, delete_department_answer, move_project_answer
-from webhook.auth import AuthError, Authorizer
 from webhook.console.session import Session, SessionError, Sessions, check_form
 from webhook.console.wording import advice
 from webhook.core.gpu_view import AdminProject, RunaiAdminView
 from webhook.core.guard import department_name_error
 from webhook.core.validation import format_gpus
-from webhook.gpu_api import NO_RUNAI_DATA, GpuViews
-from webhook.scheduling_api import NotAProject, project_offer
+from webhook.http.admin_api import Mover, delete_department_answer, move_project_answer
+from webhook.http.auth import AuthError, Authorizer
+from webhook.http.gpu_api import NO_RUNAI_DATA, GpuViews
+from webhook.http.scheduling_api import NotAProject, project_offer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ _SECURITY_HEADERS = {
 
 
 class SignIn(Protocol):
-    """Checks a token by TokenReview (`webhook.auth.KubeAuthorizer.authenticate`)."""
+    """Checks a token by TokenReview (`webhook.http.auth.KubeAuthorizer.authenticate`)."""
 
     def __call__(self, token: str | None) -> Awaitable[Any]: ...
 

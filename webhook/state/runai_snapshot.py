@@ -78,7 +78,7 @@ def _number(value: Any) -> float | None:
 
 
 class RunaiSnapshotDirectory:
-    """`webhook.gpu_api.RunaiDirectoryView` over the state folder's `RunaiSnapshot` (none: the
+    """`webhook.http.gpu_api.RunaiDirectoryView` over the state folder's `RunaiSnapshot` (none: the
     directory has no data, as a Run:ai that was never reached)."""
 
     def __init__(self, folder: Path, *, recheck_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:

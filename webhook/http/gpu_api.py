@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from webhook.auth import AuthError, Authorizer, bearer_token
 from webhook.core.gpu_view import (
     GpuAvailability,
     RunaiAdminView,
@@ -35,6 +34,7 @@ from webhook.core.gpu_view import (
     project_gpu_view,
     view_node_pool,
 )
+from webhook.http.auth import AuthError, Authorizer, bearer_token
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
 from webhook.snapshot import LeftProject

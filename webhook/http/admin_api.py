@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from webhook import auth
+from webhook.http import auth
 from webhook.kube.api import KubeError
 from webhook.logsafe import log_safe
 from webhook.runai.client import RunaiError
@@ -75,7 +75,7 @@ def bearer_token(request: web.Request) -> str | None:
 
 
 class AdminChecker(Protocol):
-    """`webhook.auth.KubeAuthorizer` has this shape: token -> principal, or raises (status 401/403/503)."""
+    """`webhook.http.auth.KubeAuthorizer` has this shape: token -> principal, or raises (status 401/403/503)."""
 
     def authorize_admin(self, token: str | None) -> Awaitable[Any]: ...
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from webhook.auth import AuthError, Authorizer, bearer_token
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import SchedulingOfferView, offer_view
-from webhook.gpu_api import GpuViews, auth_error_response, error_response, private_json
+from webhook.http.auth import AuthError, Authorizer, bearer_token
+from webhook.http.gpu_api import GpuViews, auth_error_response, error_response, private_json
 
 SCHEDULING_PATH = "/api/v1/projects/{namespace}/scheduling"
 
