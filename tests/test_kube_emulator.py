@@ -14,6 +14,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support.kube_emulator import KubeEmulator, eventually
+from tests.support.kube_emulator_store import strategic_merge_patch
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 
@@ -153,7 +154,7 @@ async def test_merge_strategic_and_json_patch(kube: KubeEmulator, api: ApiClient
     await make_namespace(api, "pp", {"keep": "1", "drop": "1"})
     # kubernetes_asyncio sends a dict body as strategic-merge-patch (applied as a merge patch here).
     ns = await core.patch_namespace("pp", {"metadata": {"labels": {"drop": None, "new": "x"}}})
-    assert ns.metadata.labels == {"keep": "1", "new": "x"}
+    assert ns.metadata.labels == {"keep": "1", "new": "x", "kubernetes.io/metadata.name": "pp"}
     ops = [{"op": "add", "path": "/metadata/annotations", "value": {}},
            {"op": "add", "path": "/metadata/annotations/scheduling.hopsworks.ai~1defaults", "value": "{}"}]  # fmt: skip
     ns = await core.patch_namespace("pp", ops)
@@ -406,7 +407,7 @@ async def test_python_access_goes_through_the_same_path(kube: KubeEmulator, api:
     kube.put_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "py"},
                      "status": {"phase": "Running"}})  # fmt: skip
     assert kube.get_object("Pod", "p", "py")["status"]["phase"] == "Running"
-    assert kube.get_object("Namespace", "py")["metadata"]["labels"] == {"a": "b"}
+    assert kube.get_object("Namespace", "py")["metadata"]["labels"] == {"a": "b", "kubernetes.io/metadata.name": "py"}
     events = await read_events(kube, "/api/v1/namespaces", resourceVersion=str(start), timeoutSeconds="1")
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED"]
     kube.delete_object("pods", "p", "py")
@@ -421,3 +422,30 @@ async def test_status_subresource_is_separate(kube: KubeEmulator, api: ApiClient
     assert pod.status.phase == "Pending"  # the main resource ignores status
     pod = await core.patch_namespaced_pod_status("p", "st", {"status": {"phase": "Running"}})
     assert pod.status.phase == "Running"
+
+
+@pytest.mark.parametrize(
+    ("current", "patch", "expected"),
+    [
+        # keyed lists merge by key: kubectl apply's patch of one webhook keeps the others
+        ({"webhooks": [{"name": "a", "t": 1}, {"name": "b", "t": 1}]},
+         {"$setElementOrder/webhooks": [{"name": "a"}, {"name": "b"}], "webhooks": [{"name": "b", "t": 2}]},
+         {"webhooks": [{"name": "a", "t": 1}, {"name": "b", "t": 2}]}),
+        ({"containers": [{"name": "c", "env": [{"name": "X", "value": "1"}]}]},
+         {"containers": [{"name": "c", "env": [{"name": "Y", "value": "2"}]}]},
+         {"containers": [{"name": "c", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]}]}),
+        ({"containers": [{"name": "a"}, {"name": "b"}]}, {"containers": [{"name": "a", "$patch": "delete"}]},
+         {"containers": [{"name": "b"}]}),
+        ({"ports": [{"containerPort": 80, "protocol": "TCP"}]}, {"ports": [{"containerPort": 81}]},
+         {"ports": [{"containerPort": 80, "protocol": "TCP"}, {"containerPort": 81}]}),
+        # lists without a merge key are replaced; null deletes; maps merge
+        ({"args": ["a", "b"], "m": {"x": 1, "y": 2}}, {"args": ["c"], "m": {"x": None, "z": 3}},
+         {"args": ["c"], "m": {"y": 2, "z": 3}}),
+        ({"m": {"x": 1, "y": 2}}, {"m": {"$patch": "replace", "z": 3}}, {"m": {"z": 3}}),
+        ({"finalizers": ["a", "b"]}, {"$deleteFromPrimitiveList/finalizers": ["a"]}, {"finalizers": ["b"]}),
+        ({"finalizers": ["a"]}, {"finalizers": ["b"]}, {"finalizers": ["a", "b"]}),
+        ({"s": {"a": 1, "b": 2}}, {"s": {"$retainKeys": ["b", "c"], "c": 3}}, {"s": {"b": 2, "c": 3}}),
+    ],
+)  # fmt: skip
+def test_strategic_merge_patch(current: dict[str, Any], patch: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert strategic_merge_patch(current, patch) == expected

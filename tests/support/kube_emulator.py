@@ -8,7 +8,8 @@ termination; watches replayed from a resourceVersion out of a bounded history, w
 is gone; consistent paginated lists; items of built-in lists without kind/apiVersion.
 
 Deliberate simplifications (say so when a test relies on them):
-- strategic-merge-patch is applied as a JSON merge patch (lists are replaced, not merged by key);
+- strategic-merge-patch knows list merge keys by field name, not from schemas (see
+  `strategic_merge_patch`); on custom resources it is applied as a JSON merge patch;
   server-side apply is refused with 415;
 - pods are deleted at once (no kubelet, no grace period) unless they carry finalizers;
 - the namespace controller runs inline: deleting a namespace deletes its content immediately and
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -194,6 +196,7 @@ class KubeEmulator(KubeRbac):
         bookmark_interval: float | None = None,
         gone_in_stream: bool = True,
         rbac: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.token = token  # when set, every request needs `Authorization: Bearer <token>` (or a user's)
         # In RBAC mode `token` is a superuser; other users are authorized by the stored RBAC objects.
@@ -211,6 +214,8 @@ class KubeEmulator(KubeRbac):
         self._faults: list[_Fault] = []
         self._runner: web.AppRunner | None = None
         self._port = 0
+        self._ssl = ssl_context  # also serve HTTPS with it: kubectl sends a token only over TLS
+        self._https_port = 0
         self.admission: Admission | None = None  # runs on writes made over HTTP when set
         # Every cluster has `default`; Events about cluster-scoped objects live there.
         self.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
@@ -224,6 +229,9 @@ class KubeEmulator(KubeRbac):
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         self._port = self._runner.addresses[0][1]
+        if self._ssl is not None:  # the same API on a second, HTTPS port
+            await web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl).start()
+            self._https_port = self._runner.addresses[1][1]
 
     async def stop(self) -> None:
         for watch in list(self._watches):
@@ -242,6 +250,11 @@ class KubeEmulator(KubeRbac):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def https_url(self) -> str:
+        assert self._ssl is not None, "KubeEmulator(ssl_context=...) serves HTTPS"
+        return f"https://127.0.0.1:{self._https_port}"
 
     def client_config(self, token: str | None = None) -> Configuration:
         config = Configuration(host=self.url)
@@ -405,8 +418,11 @@ class KubeEmulator(KubeRbac):
         for rt in self._types.values():
             if rt.group != group or rt.version != version:
                 continue
-            resources.append({"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                              "kind": rt.kind, "verbs": list(rt.verbs)})  # fmt: skip
+            resource: Obj = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
+                             "kind": rt.kind, "verbs": list(rt.verbs)}  # fmt: skip
+            if rt.short_names:
+                resource["shortNames"] = list(rt.short_names)
+            resources.append(resource)
             if rt.status_subresource:
                 resources.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
                                   "kind": rt.kind, "verbs": ["get", "patch", "update"]})  # fmt: skip

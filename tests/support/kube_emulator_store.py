@@ -87,9 +87,112 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+# Strategic merge patch: lists merged by key, as the `patchMergeKey` tags of the Kubernetes types
+# say. The emulator has no schemas, so the key is looked up by the list's field name; a list not
+# named here is replaced, as an atomic list is.
+_MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
+    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "imagePullSecrets": "name",
+    "webhooks": "name", "ownerReferences": "uid", "conditions": "type", "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey", "resourceClaims": "name",
+}  # fmt: skip
+_MERGED_PRIMITIVE_LISTS = frozenset({"finalizers"})
+
+
+def _merge_key(field_name: str, item: Any) -> str | None:
+    if field_name == "ports":  # a container's ports by containerPort, a Service's by port
+        return "containerPort" if isinstance(item, Mapping) and "containerPort" in item else "port"
+    return _MERGE_KEYS.get(field_name)
+
+
+def _without_directives(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_directives(v) for k, v in value.items() if not k.startswith("$")}
+    if isinstance(value, list):
+        return [_without_directives(v) for v in value]
+    return copy.deepcopy(value)
+
+
+def _merge_list(field_name: str, current: list[Any], patch: list[Any]) -> list[Any]:
+    result = copy.deepcopy(current)
+    for item in patch:
+        key = _merge_key(field_name, item)
+        if key is None or not isinstance(item, Mapping):
+            if item not in result:
+                result.append(copy.deepcopy(item))
+            continue
+        index = next((i for i, old in enumerate(result) if isinstance(old, Mapping) and old.get(key) == item.get(key)),
+                     None)  # fmt: skip
+        if item.get("$patch") == "delete":
+            if index is not None:
+                del result[index]
+        elif index is None:
+            result.append(_without_directives(item))
+        else:
+            result[index] = strategic_merge_patch(result[index], item)
+    return result
+
+
+def _reorder(field_name: str, items: list[Any], order: list[Any]) -> list[Any]:
+    def identity(item: Any) -> Any:
+        key = _merge_key(field_name, item)
+        return json.dumps(item.get(key) if key and isinstance(item, Mapping) else item, sort_keys=True)
+
+    rank = {identity(item): i for i, item in enumerate(order)}
+    return sorted(items, key=lambda item: rank.get(identity(item), len(rank)))
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """The apiserver's strategic merge patch for what kubectl sends (apply, edit, patch): maps merge,
+    `null` deletes, keyed lists merge by key, and the directives `$patch: replace|delete`,
+    `$setElementOrder/`, `$deleteFromPrimitiveList/` and `$retainKeys`."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return _without_directives(patch)
+    result = copy.deepcopy(target) if isinstance(target, Mapping) else {}
+    orders: dict[str, list[Any]] = {}
+    for key, value in patch.items():
+        if key in ("$patch", "$retainKeys"):
+            continue
+        if key.startswith("$setElementOrder/"):
+            orders[key.partition("/")[2]] = value if isinstance(value, list) else []
+        elif key.startswith("$deleteFromPrimitiveList/"):
+            name = key.partition("/")[2]
+            result[name] = [v for v in result.get(name) or [] if v not in (value or [])]
+        elif value is None or (isinstance(value, Mapping) and value.get("$patch") == "delete"):
+            result.pop(key, None)
+        elif (
+            isinstance(value, list)
+            and isinstance(result.get(key), list)
+            and (key in _MERGED_PRIMITIVE_LISTS or any(_merge_key(key, v) for v in value))
+        ):
+            result[key] = _merge_list(key, result[key], value)
+        elif isinstance(value, Mapping):
+            result[key] = strategic_merge_patch(result.get(key), value)
+        else:
+            result[key] = _without_directives(value)
+    for name, order in orders.items():
+        if isinstance(result.get(name), list):
+            result[name] = _reorder(name, result[name], order)
+    retain = patch.get("$retainKeys")
+    if isinstance(retain, list):
+        result = {k: v for k, v in result.items() if k in retain}
+    return result
+
+
 def _without_rv(obj: Mapping[str, Any]) -> Obj:
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "resourceVersion"}
     return {**obj, "metadata": meta}
+
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _label_namespace_name(meta: Obj) -> None:
+    """The apiserver sets this label on every namespace (create and update), so selectors can
+    name namespaces; a write cannot remove or change it."""
+    meta["labels"] = {**(meta.get("labels") or {}), NAMESPACE_NAME_LABEL: meta["name"]}
 
 
 Observer = Callable[[str, ResourceType, Obj], None]  # (event type, resource type, object) per commit
@@ -289,6 +392,7 @@ class KubeStore:
         obj = {**body, "apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta}
         if rt.kind == "Namespace":
             obj["status"] = {"phase": "Active"}
+            _label_namespace_name(meta)
         elif rt.kind == "Pod":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if dry_run:
@@ -353,6 +457,8 @@ class KubeStore:
             else:
                 meta.pop("namespace", None)
             new["metadata"] = meta
+            if rt.kind == "Namespace":
+                _label_namespace_name(meta)
             if rt.status_subresource and keep_status:
                 if "status" in current:
                     new["status"] = current["status"]
@@ -494,7 +600,8 @@ class KubeStore:
         elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(patch, dict):
                 raise ApiError(400, "merge patch must be a JSON object")
-            patched = merge_patch(current, patch)
+            strategic = content_type == "application/strategic-merge-patch+json" and not rt.custom
+            patched = strategic_merge_patch(current, patch) if strategic else merge_patch(current, patch)
         else:
             raise ApiError(415, "the body of the request was in an unknown format - accepted media types "
                            "include: application/json-patch+json, application/merge-patch+json, "

@@ -24,6 +24,7 @@ class ResourceType:
     custom: bool = False  # custom resources keep kind/apiVersion in list items, built-ins do not
     field_labels: frozenset[str] = frozenset()  # selectable beyond metadata.name/namespace
     virtual: bool = False  # create-only review APIs (TokenReview, SubjectAccessReview)
+    short_names: tuple[str, ...] = ()  # discovery's shortNames, which kubectl resolves (`po`, `cm`)
 
     @property
     def api_version(self) -> str:
@@ -53,15 +54,17 @@ EVENT_FIELDS = frozenset(
 )  # fmt: skip
 
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", False, status_subresource=True,
-                          field_labels=frozenset({"status.phase"}))  # fmt: skip
-PODS = ResourceType("", "v1", "pods", "Pod", True, status_subresource=True, field_labels=POD_FIELDS)
-CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True)
+                          field_labels=frozenset({"status.phase"}), short_names=("ns",))  # fmt: skip
+PODS = ResourceType("", "v1", "pods", "Pod", True, status_subresource=True, field_labels=POD_FIELDS,
+                    short_names=("po",))  # fmt: skip
+CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, short_names=("cm",))
 SECRETS = ResourceType("", "v1", "secrets", "Secret", True, field_labels=frozenset({"type"}))
-EVENTS = ResourceType("", "v1", "events", "Event", True, field_labels=EVENT_FIELDS)
+EVENTS = ResourceType("", "v1", "events", "Event", True, field_labels=EVENT_FIELDS, short_names=("ev",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True)
-PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
+PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False,
+                                short_names=("pc",))  # fmt: skip
 DEPLOYMENTS = ResourceType("apps", "v1", "deployments", "Deployment", True, status_subresource=True,
-                           generation=True)  # fmt: skip
+                           generation=True, short_names=("deploy",))  # fmt: skip
 LOCAL_QUEUES = ResourceType("kueue.x-k8s.io", "v1beta1", "localqueues", "LocalQueue", True,
                             status_subresource=True, generation=True, custom=True)  # fmt: skip
 TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False,
@@ -75,6 +78,21 @@ CLUSTER_ROLES = ResourceType(RBAC_GROUP, "v1", "clusterroles", "ClusterRole", Fa
 ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "rolebindings", "RoleBinding", True)
 CLUSTER_ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 RBAC_RESOURCES = (ROLES, CLUSTER_ROLES, ROLE_BINDINGS, CLUSTER_ROLE_BINDINGS)
+
+# The rest of what the rendered install contains, for `kubectl apply` of it (stored, not acted on).
+SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",))
+SERVICES = ResourceType("", "v1", "services", "Service", True, status_subresource=True, short_names=("svc",))
+POD_DISRUPTION_BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
+                                      status_subresource=True, generation=True, short_names=("pdb",))  # fmt: skip
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+VALIDATING_ADMISSION_POLICIES = ResourceType(ADMISSION_GROUP, "v1", "validatingadmissionpolicies",
+                                             "ValidatingAdmissionPolicy", False, status_subresource=True,
+                                             generation=True)  # fmt: skip
+VALIDATING_ADMISSION_POLICY_BINDINGS = ResourceType(ADMISSION_GROUP, "v1", "validatingadmissionpolicybindings",
+                                                    "ValidatingAdmissionPolicyBinding", False,
+                                                    generation=True)  # fmt: skip
+INSTALL_RESOURCES = (SERVICE_ACCOUNTS, SERVICES, POD_DISRUPTION_BUDGETS, VALIDATING_ADMISSION_POLICIES,
+                     VALIDATING_ADMISSION_POLICY_BINDINGS)  # fmt: skip
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES, PODS, CONFIGMAPS, SECRETS, EVENTS, LEASES, PRIORITY_CLASSES, DEPLOYMENTS,
