@@ -1,0 +1,257 @@
+"""A cluster user's view, through the real kubectl: what gets stored, and what kubectl prints.
+
+Each of the install's webhooks has a case where its selector sends the request to the server and
+one where it keeps it away; `test_a_broken_install_fails_the_routing_checks` applies renders with
+the routing broken and expects the same checks to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import INSTALL_NS, SETTINGS, Cluster
+from tests.support.cluster import SCHEDULER
+from tests.support.kube_emulator import Obj
+from tests.support.runai_webhook import RUNAI_SCHEDULER
+
+MUTATE = "mutate-pods.scheduling.hopsworks.ai"
+VALIDATE_PODS = "validate-pods.scheduling.hopsworks.ai"
+IMAGE = "registry.example/notebook:1.0"
+PRIORITY_CLASSES = [("low", 1000, "Never"), ("normal", 10000, None), ("high", 100000, None)]
+
+
+def priority_class(name: str, value: int, policy: str | None) -> Obj:
+    obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                "value": value, "globalDefault": False}  # fmt: skip
+    if policy:
+        obj["preemptionPolicy"] = policy
+    return obj
+
+
+async def offer_scheduling(cluster: Cluster) -> None:
+    """The cluster offers classes and node labels; every project gets a subset (tests/support/cluster.py)."""
+    await cluster.apply(*(priority_class(*pc) for pc in PRIORITY_CLASSES))
+    await cluster.settings(scheduler=yaml.safe_dump(SCHEDULER))
+
+
+def pod(name: str, namespace: str, *, annotations: dict[str, str] | None = None, **spec: object) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"},
+                     "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "main", "image": IMAGE}], **spec},
+    }  # fmt: skip
+
+
+def required_node_terms(stored: Obj) -> list[Obj]:
+    affinity = stored["spec"].get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+def expressions(stored: Obj) -> list[tuple[str, str, tuple[str, ...]]]:
+    return sorted(
+        (e["key"], e["operator"], tuple(e.get("values") or ()))
+        for term in required_node_terms(stored)
+        for e in term.get("matchExpressions") or ()
+    )
+
+
+async def test_the_install_applies_and_reapplies(cluster: Cluster, tmp_path: Path) -> None:
+    mutating = await cluster.get("mutatingwebhookconfiguration", "0-hopsworks-scheduling-webhook")
+    assert [w["name"] for w in mutating["webhooks"]] == [MUTATE]
+    validating = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
+    assert VALIDATE_PODS in [w["name"] for w in validating["webhooks"]]
+    assert (await cluster.get("deploy", "scheduling-webhook", INSTALL_NS))["spec"]["replicas"] >= 2
+    if cluster.emulated is not None:
+        # A second apply of a changed render patches (strategic merge, keyed by webhook name).
+        before = [w["name"] for w in validating["webhooks"]]
+        objects = [o for o in yaml.safe_load_all(validating_render(cluster)) if o]
+        for obj in objects:
+            if obj["kind"] == "ValidatingWebhookConfiguration":
+                obj["webhooks"][1]["timeoutSeconds"] = 7
+        out = await cluster.ok("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(objects))
+        assert (
+            "validatingwebhookconfiguration.admissionregistration.k8s.io/hopsworks-scheduling-webhook configured" in out
+        )
+        after = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
+        assert [w["name"] for w in after["webhooks"]] == before
+        assert after["webhooks"][1]["timeoutSeconds"] == 7
+        assert "$setElementOrder/webhooks" not in after
+
+
+def validating_render(cluster: Cluster) -> str:
+    """The render the emulated cluster was installed from (its last-applied configurations)."""
+    assert cluster.emulated is not None
+    docs = []
+    for kind in ("ValidatingWebhookConfiguration",):
+        for obj in cluster.emulated.emu.objects(kind):
+            docs.append(json.loads(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]))
+    return yaml.safe_dump_all(docs)
+
+
+async def test_kubectl_run_stores_the_merged_scheduling(cluster: Cluster) -> None:
+    await offer_scheduling(cluster)
+    project = await cluster.project("vision")
+    # mutate-pods selects the project: the stored pod carries the choice merged with the defaults.
+    await cluster.ok("run", "nb", "-n", project, f"--image={IMAGE}", "--labels=hopsworks.ai/workload-type=notebook",
+                     "--annotations=scheduling.hopsworks.ai/affinity=disk=ssd")  # fmt: skip
+    stored = await cluster.get("pod", "nb", project)
+    assert expressions(stored) == [("disk", "In", ("ssd",)), ("maintenance", "NotIn", ("true",))]
+    assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == ("normal", 10000)
+    # kubectl apply of a manifest with a class of the project's set and an anti-affinity choice.
+    await cluster.apply(pod("job", project, annotations={"scheduling.hopsworks.ai/anti-affinity": ""},
+                            priorityClassName="low"))  # fmt: skip
+    stored = await cluster.get("pod", "job", project)
+    assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == ("low", 1000)
+    assert stored["spec"]["preemptionPolicy"] == "Never"
+    # The same in a namespace that is not a project: the selector keeps it away, nothing is added.
+    other = await cluster.plain_namespace("tools")
+    await cluster.ok("run", "nb", "-n", other, f"--image={IMAGE}",
+                     "--annotations=scheduling.hopsworks.ai/affinity=disk=ssd")  # fmt: skip
+    stored = await cluster.get("pod", "nb", other)
+    assert required_node_terms(stored) == [] and "priorityClassName" not in stored["spec"]
+
+
+async def test_a_class_outside_the_project_set_is_refused_in_kubectl_stderr(cluster: Cluster) -> None:
+    await offer_scheduling(cluster)
+    project = await cluster.project("nlp")
+    stderr = await cluster.refused("apply", "--validate=false", "-f", "-",
+                                   stdin=yaml.safe_dump(pod("nb", project, priorityClassName="high")))  # fmt: skip
+    assert stderr.startswith("Error from server (Forbidden): error when creating"), stderr
+    assert "admission webhook" in stderr and "denied the request:" in stderr, stderr
+    assert f"high not available in project {project}; allowed: low, normal" in stderr, stderr
+    # Not a project: the validating and mutating selectors exclude it, the class is stored as asked.
+    other = await cluster.plain_namespace("tools")
+    await cluster.apply(pod("nb", other, priorityClassName="high"))
+    assert (await cluster.get("pod", "nb", other))["spec"]["priority"] == 100000
+
+
+async def test_a_project_offer_annotation_is_validated_on_project_namespaces_only(cluster: Cluster) -> None:
+    project = await cluster.project("offer")
+    stderr = await cluster.refused("annotate", "namespace", project, "scheduling.hopsworks.ai/available=not json")
+    assert 'admission webhook "validate-namespaces.scheduling.hopsworks.ai" denied the request' in stderr, stderr
+    other = await cluster.plain_namespace("tools")  # the objectSelector leaves it out
+    await cluster.ok("annotate", "namespace", other, "scheduling.hopsworks.ai/available=not json")
+
+
+async def check_routing_with_the_servers_down(cluster: Cluster) -> None:
+    """With no server answering, the webhooks' failurePolicy refuses what they select, and only that."""
+    emulated = cluster.needs_emulated("stops the webhook servers")
+    project = await cluster.project("down")
+    await emulated.stop_servers()
+    stderr = await cluster.refused("run", "nb", "-n", project, f"--image={IMAGE}")
+    assert f'failed calling webhook "{MUTATE}"' in stderr, stderr
+    for namespace in ("kube-system", INSTALL_NS):
+        await cluster.ok("run", "probe", "-n", namespace, f"--image={IMAGE}")
+
+
+async def test_with_the_servers_down_only_project_pods_are_refused(cluster: Cluster) -> None:
+    await check_routing_with_the_servers_down(cluster)
+
+
+async def turn_runai_on(cluster: Cluster) -> None:
+    emulated = cluster.needs_emulated("needs the Run:ai stand-ins")
+    runai = emulated.runai
+    await cluster.settings(run_ai_enable="true", run_ai_url=runai.url, run_ai_client_id=runai.client_id,
+                           run_ai_project_gpu_quota="2")  # fmt: skip
+    for runtime in emulated.replicas:
+        await wait_for(lambda r=runtime: r.runai.directory.reachable, "Run:ai directory reachable")
+
+
+async def wait_for(condition: Callable[[], object], what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s}s: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def run_as_a_controller(cluster: Cluster, *args: str, within_s: float = 10.0) -> list[str]:
+    """`kubectl run`, again after a retryable refusal, as the platform does. Returns the refusals."""
+    refusals: list[str] = []
+    deadline = time.monotonic() + within_s
+    while True:
+        result = await cluster.kubectl("run", *args)
+        if result.rc == 0:
+            return refusals
+        refusals.append(result.stderr)
+        assert "Error from server (RunaiBindingSettling)" in result.stderr, str(result)  # 503, retryable
+        assert time.monotonic() < deadline, refusals
+        await asyncio.sleep(0.3)
+
+
+async def check_runai_sees_the_queue(cluster: Cluster) -> None:
+    """Run:ai on: a new project's first pod binds it and is refused with a retryable message; the
+    retry goes through Run:ai's webhook, which sees the pod with its queue (our webhook ran first)."""
+    await turn_runai_on(cluster)
+    emulated = cluster.needs_emulated("needs the Run:ai stand-ins")
+    project = await cluster.project("fresh")
+    refusals = await run_as_a_controller(cluster, "nb", "-n", project, f"--image={IMAGE}",
+                                         "--labels=hopsworks.ai/workload-type=notebook")  # fmt: skip
+    # Bound by this first pod ("has just been bound") or, a moment earlier, by the leader's pass
+    # ("moments ago"): either way the pod is refused until the apiserver's cache has the binding.
+    assert refusals, "a pod was admitted in the moment its project was bound"
+    for refusal in refusals:
+        assert f"project namespace {project} " in refusal and "again" in refusal, refusal
+    assert (await cluster.get("namespace", project))["metadata"]["labels"]["runai/queue"] == project
+    stored = await cluster.get("pod", "nb", project)
+    assert stored["metadata"]["labels"]["runai/queue"] == project
+    assert stored["spec"]["schedulerName"] == RUNAI_SCHEDULER, "Run:ai's webhook did not see the pod"
+    seen = emulated.runai_admission.pods_seen(project)
+    assert [p["metadata"]["labels"].get("runai/queue") for p in seen] == [project], seen
+
+
+async def test_runai_binds_a_new_project_and_its_pod_goes_through_runai(cluster: Cluster) -> None:
+    await check_runai_sees_the_queue(cluster)
+
+
+async def test_kueue_cannot_be_turned_on_while_runai_is_on(cluster: Cluster, tmp_path: Path) -> None:
+    await turn_runai_on(cluster)
+    stderr = await cluster.refused("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type", "merge",
+                                   "-p", '{"data":{"kueue_installed":"true"}}')  # fmt: skip
+    assert 'admission webhook "validate-settings.scheduling.hopsworks.ai" denied the request' in stderr, stderr
+    assert "kueue_installed and run_ai_enable cannot both be true" in stderr, stderr
+    # The same through `kubectl edit`, with an editor that flips the flag.
+    editor = tmp_path / "editor.sh"
+    editor.write_text('#!/bin/sh\nsed -i \'s/kueue_installed: "false"/kueue_installed: "true"/\' "$1"\n')
+    editor.chmod(0o755)
+    result = await cluster.kubectl("edit", "--validate=false", "configmap", SETTINGS, "-n", INSTALL_NS, "-o", "yaml",
+                                   env={"KUBE_EDITOR": str(editor)})  # fmt: skip
+    # The webhook refuses with 422 (Invalid); for that code `kubectl edit` prints no message, only
+    # that the object "is invalid" (the apiserver passes a webhook's message but no causes on).
+    assert result.rc != 0 and f'configmaps "{SETTINGS}" is invalid' in result.stderr, str(result)
+    assert (await cluster.get("configmap", SETTINGS, INSTALL_NS))["data"]["kueue_installed"] == "false"
+    # The namespaceSelector names the install namespace only: the same ConfigMap elsewhere is stored.
+    other = await cluster.plain_namespace("copy")
+    await cluster.ok("create", "configmap", SETTINGS, "-n", other, "--from-literal=kueue_installed=true",
+                     "--from-literal=run_ai_enable=true")  # fmt: skip
+
+
+def drop_namespace_selectors(objects: list[Obj]) -> None:
+    for obj in objects:
+        for webhook in obj.get("webhooks") or ():
+            webhook.pop("namespaceSelector", None)
+
+
+def sort_after_runai(objects: list[Obj]) -> None:
+    for obj in objects:
+        if obj["kind"] == "MutatingWebhookConfiguration":
+            obj["metadata"]["name"] = "zz-hopsworks-scheduling-webhook"
+
+
+@pytest.mark.parametrize(
+    ("install_mutation", "check"),
+    [(drop_namespace_selectors, check_routing_with_the_servers_down), (sort_after_runai, check_runai_sees_the_queue)],
+    ids=["namespaceSelector-dropped", "mutating-configuration-sorts-after-runai"],
+)
+async def test_a_broken_install_fails_the_routing_checks(cluster: Cluster, check: Callable[[Cluster], object]) -> None:
+    with pytest.raises(AssertionError):
+        await check(cluster)  # type: ignore[misc]
