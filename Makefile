@@ -16,7 +16,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint bench bench-instructions certs venv clean FORCE
+.PHONY: run test lint bench bench-instructions certs venv clean e2e e2e-kind FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -48,6 +48,16 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest ran no tests"; exit 1; fi; exit $$rc
+
+# The e2e suite (tests/e2e, also part of `make test` against the emulated cluster) against a real
+# cluster where the install runs: `make e2e KUBECONFIG=path`.
+e2e: $(STAMP)
+	@test -n "$(KUBECONFIG)" || { echo "make e2e needs KUBECONFIG=path of a cluster with the install"; exit 2; }
+	SCHEDULING_WEBHOOK_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e
+
+# A kind cluster, the image built and loaded, the install applied, the e2e suite, the cluster deleted.
+e2e-kind:
+	@hack/e2e/kind.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

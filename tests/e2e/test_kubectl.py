@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.e2e.conftest import INSTALL_NS, SETTINGS, Cluster
+from tests.e2e.conftest import INSTALL_NS, SETTINGS, Cluster, Result
 from tests.support.cluster import SCHEDULER
 from tests.support.kube_emulator import Obj
 from tests.support.runai_webhook import RUNAI_SCHEDULER
@@ -174,16 +174,17 @@ async def wait_for(condition: Callable[[], object], what: str, within_s: float =
         await asyncio.sleep(0.05)
 
 
-async def run_as_a_controller(cluster: Cluster, *args: str, within_s: float = 10.0) -> list[str]:
-    """`kubectl run`, again after a retryable refusal, as the platform does. Returns the refusals."""
+async def as_a_controller(cluster: Cluster, *args: str, stdin: str | None = None, within_s: float = 10.0
+                          ) -> tuple[Result, list[str]]:  # fmt: skip
+    """kubectl again after a retryable refusal (a binding settling), as the platform does. Returns
+    the last answer and the refusals before it."""
     refusals: list[str] = []
     deadline = time.monotonic() + within_s
     while True:
-        result = await cluster.kubectl("run", *args)
-        if result.rc == 0:
-            return refusals
+        result = await cluster.kubectl(*args, stdin=stdin)
+        if "Error from server (RunaiBindingSettling)" not in result.stderr:  # 503, retryable
+            return result, refusals
         refusals.append(result.stderr)
-        assert "Error from server (RunaiBindingSettling)" in result.stderr, str(result)  # 503, retryable
         assert time.monotonic() < deadline, refusals
         await asyncio.sleep(0.3)
 
@@ -194,8 +195,9 @@ async def check_runai_sees_the_queue(cluster: Cluster) -> None:
     await turn_runai_on(cluster)
     emulated = cluster.needs_emulated("needs the Run:ai stand-ins")
     project = await cluster.project("fresh")
-    refusals = await run_as_a_controller(cluster, "nb", "-n", project, f"--image={IMAGE}",
-                                         "--labels=hopsworks.ai/workload-type=notebook")  # fmt: skip
+    result, refusals = await as_a_controller(cluster, "run", "nb", "-n", project, f"--image={IMAGE}",
+                                             "--labels=hopsworks.ai/workload-type=notebook")  # fmt: skip
+    assert result.rc == 0, str(result)
     # Bound by this first pod ("has just been bound") or, a moment earlier, by the leader's pass
     # ("moments ago"): either way the pod is refused until the apiserver's cache has the binding.
     assert refusals, "a pod was admitted in the moment its project was bound"
@@ -248,10 +250,58 @@ def sort_after_runai(objects: list[Obj]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("install_mutation", "check"),
-    [(drop_namespace_selectors, check_routing_with_the_servers_down), (sort_after_runai, check_runai_sees_the_queue)],
+    ("install_mutation", "check", "failure"),
+    [
+        # mutate-pods then calls the (stopped) server for kube-system pods too
+        (drop_namespace_selectors, check_routing_with_the_servers_down, "kubectl run probe -n kube-system"),
+        # Run:ai's webhook sees the pod before ours gave it the queue
+        (sort_after_runai, check_runai_sees_the_queue, "== ['fresh-"),
+    ],
     ids=["namespaceSelector-dropped", "mutating-configuration-sorts-after-runai"],
 )
-async def test_a_broken_install_fails_the_routing_checks(cluster: Cluster, check: Callable[[Cluster], object]) -> None:
-    with pytest.raises(AssertionError):
-        await check(cluster)  # type: ignore[misc]
+async def test_a_broken_install_fails_the_routing_checks(
+    cluster: Cluster, check: Callable[[Cluster], Awaitable[None]], failure: str
+) -> None:
+    with pytest.raises(AssertionError) as failed:
+        await check(cluster)
+    assert failure in str(failed.value), str(failed.value)
+
+
+def gpu_deployment(name: str, namespace: str, replicas: int) -> Obj:
+    labels = {"app": name, "hopsworks.ai/workload-type": "deployment"}
+    container = {"name": "main", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+    }  # fmt: skip
+
+
+async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster: Cluster) -> None:
+    await turn_runai_on(cluster)
+    project = await cluster.project("serving")
+
+    async def bound() -> bool:
+        return "runai/queue" in (await cluster.get("namespace", project))["metadata"]["labels"]
+
+    deadline = time.monotonic() + 10
+    while not await bound():  # the leader's pass binds a new project
+        assert time.monotonic() < deadline, f"{project} not bound to Run:ai"
+        await asyncio.sleep(0.2)
+    stderr = await cluster.refused("apply", "--validate=false", "-f", "-",
+                                   stdin=yaml.safe_dump(gpu_deployment("model", project, 3)))  # fmt: skip
+    assert 'admission webhook "validate-workloads.scheduling.hopsworks.ai" denied the request' in stderr, stderr
+    assert "Deployment model" in stderr and "Lower its replicas" in stderr, stderr
+    await cluster.apply(gpu_deployment("small", project, 1))  # within the quota of 2
+    # A notebook asking for more GPUs than the project has left, while the cluster has GPUs.
+    notebook = pod("nb", project)
+    notebook["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "3"}}
+    result, _ = await as_a_controller(cluster, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(notebook))
+    assert result.rc != 0 and result.stderr.startswith("Error from server (GpuQuotaExceeded)"), str(result)
+    assert 'admission webhook "validate-pods.scheduling.hopsworks.ai" denied the request' in result.stderr
+    assert f"project {project} has 2 of 2 deserved GPUs left; this notebook asks for 3" in result.stderr
+    other = await cluster.plain_namespace("tools")  # not a project: the namespaceSelectors exclude it
+    await cluster.apply(gpu_deployment("model", other, 3))
+    await cluster.apply(notebook | {"metadata": {**notebook["metadata"], "namespace": other}})

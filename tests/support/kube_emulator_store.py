@@ -192,7 +192,9 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 def _label_namespace_name(meta: Obj) -> None:
     """The apiserver sets this label on every namespace (create and update), so selectors can
     name namespaces; a write cannot remove or change it."""
-    meta["labels"] = {**(meta.get("labels") or {}), NAMESPACE_NAME_LABEL: meta["name"]}
+    labels = meta.get("labels") or {}
+    if isinstance(labels, dict):  # a malformed object a test stores on purpose stays as it is
+        meta["labels"] = {**labels, NAMESPACE_NAME_LABEL: meta["name"]}
 
 
 Observer = Callable[[str, ResourceType, Obj], None]  # (event type, resource type, object) per commit
