@@ -139,6 +139,9 @@ async def test_a_project_offer_annotation_is_validated_on_project_namespaces_onl
     project = await cluster.project("offer")
     stderr = await cluster.refused("annotate", "namespace", project, "scheduling.hopsworks.ai/available=not json")
     assert 'admission webhook "validate-namespaces.scheduling.hopsworks.ai" denied the request' in stderr, stderr
+    ops = [{"op": "add", "path": "/metadata/annotations", "value": {"scheduling.hopsworks.ai/available": "[1"}}]
+    stderr = await cluster.refused("patch", "namespace", project, "--type", "json", "-p", json.dumps(ops))
+    assert 'admission webhook "validate-namespaces.scheduling.hopsworks.ai" denied the request' in stderr, stderr
     other = await cluster.plain_namespace("tools")  # the objectSelector leaves it out
     await cluster.ok("annotate", "namespace", other, "scheduling.hopsworks.ai/available=not json")
 
@@ -220,6 +223,9 @@ async def test_kueue_cannot_be_turned_on_while_runai_is_on(cluster: Cluster, tmp
     stderr = await cluster.refused("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type", "merge",
                                    "-p", '{"data":{"kueue_installed":"true"}}')  # fmt: skip
     assert 'admission webhook "validate-settings.scheduling.hopsworks.ai" denied the request' in stderr, stderr
+    assert "kueue_installed and run_ai_enable cannot both be true" in stderr, stderr
+    stderr = await cluster.refused("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type", "strategic",
+                                   "-p", '{"data":{"kueue_installed":"true"}}')  # fmt: skip
     assert "kueue_installed and run_ai_enable cannot both be true" in stderr, stderr
     # The same through `kubectl edit`, with an editor that flips the flag.
     editor = tmp_path / "editor.sh"
@@ -305,3 +311,24 @@ async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster
     other = await cluster.plain_namespace("tools")  # not a project: the namespaceSelectors exclude it
     await cluster.apply(gpu_deployment("model", other, 3))
     await cluster.apply(notebook | {"metadata": {**notebook["metadata"], "namespace": other}})
+
+
+async def test_a_deployments_pods_carry_the_merged_scheduling(cluster: Cluster) -> None:
+    if cluster.emulated is not None:
+        pytest.skip("needs a real cluster: the emulator runs no controllers, so a Deployment makes no pods")
+    await offer_scheduling(cluster)
+    project = await cluster.project("web")
+    deployment = gpu_deployment("web", project, 1)
+    template = deployment["spec"]["template"]
+    template["spec"]["containers"][0].pop("resources")
+    template["metadata"]["annotations"] = {"scheduling.hopsworks.ai/affinity": "disk=ssd"}
+    await cluster.apply(deployment)
+    deadline = time.monotonic() + 60
+    while True:  # the ReplicaSet controller creates the pod through admission
+        pods = json.loads(await cluster.ok("get", "pods", "-n", project, "-l", "app=web", "-o", "json"))["items"]
+        if pods:
+            break
+        assert time.monotonic() < deadline, f"no pod of Deployment web in {project}"
+        await asyncio.sleep(1)
+    assert expressions(pods[0]) == [("disk", "In", ("ssd",)), ("maintenance", "NotIn", ("true",))]
+    assert pods[0]["spec"]["priorityClassName"] == "normal"
