@@ -41,7 +41,7 @@ from tests.support.runai_webhook import SERVICE as RUNAI_SERVICE
 from tests.support.runai_webhook import RunaiAdmissionStandin
 from tests.support.runtime import TOKEN, start_runtime
 from webhook.runtime import Runtime
-from webhook.tls import make_ca
+from webhook.tls.issuing import make_ca
 
 KUBECONFIG_ENV = "SCHEDULING_WEBHOOK_E2E_KUBECONFIG"  # a real cluster with the install
 REQUIRE_ENV = "SCHEDULING_WEBHOOK_REQUIRE_KUBECTL"  # CI: a missing kubectl fails instead of skipping

@@ -21,6 +21,8 @@ from tests.support.cluster import SCHEDULER
 from tests.support.kube_emulator import Obj
 from tests.support.runai_webhook import RUNAI_SCHEDULER
 
+pytestmark = pytest.mark.slow  # each test starts a cluster: two replicas, kubectl calls (5-15 s)
+
 MUTATE = "mutate-pods.scheduling.hopsworks.ai"
 VALIDATE_PODS = "validate-pods.scheduling.hopsworks.ai"
 IMAGE = "registry.example/notebook:1.0"
