@@ -31,9 +31,9 @@ from webhook.core.gpu_view import GpuWarning
 from webhook.http.auth import AccessCheck, KubeAuthorizer
 from webhook.http.gpu_api import GpuViews
 from webhook.runai.client import RunaiError
+from webhook.runai.folder_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
 from webhook.snapshot import DEPARTMENT_LABEL
 from webhook.state.folder import read_objects
-from webhook.state.runai_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
 
 ROOT_TOKEN, BOB_TOKEN = "token-of-root", "token-of-bob"
 EVIL = "x=<script>alert('pwned')</script>"

@@ -14,7 +14,7 @@ from webhook.console import Console, console_routes
 from webhook.http.auth import Forbidden, Principal
 from webhook.http.gpu_api import GpuViews
 from webhook.http.scheduling_api import scheduling_routes
-from webhook.state.runai_snapshot import RunaiSnapshotDirectory
+from webhook.runai.folder_snapshot import RunaiSnapshotDirectory
 from webhook.state.store import ClusterState
 
 LOCAL_USER = Principal(username="local")
