@@ -57,10 +57,11 @@ class KubeGone(KubeError):
     """410: the resourceVersion asked for is older than the server's history (a watch lists again)."""
 
 
-def kube_error(status: int, body: str | None, reason: str = "", limit: int | None = None) -> KubeError:
+def kube_error(status: int, body: str | bytes | None, reason: str = "", limit: int | None = None) -> KubeError:
     """The error for an error status: the message of its `Status` body, else `reason`, else the
-    body itself; cut to `limit` characters."""
-    text = body or ""
+    body itself; cut to `limit` characters. (kubernetes_asyncio's ApiException carries the body as
+    bytes: read as text, never shown as its repr.)"""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
     try:
         message = json.loads(text or "{}").get("message") or reason or text
     except (ValueError, AttributeError):

@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,8 +30,10 @@ from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RES
 
 log = logging.getLogger(__name__)
 # A kubernetes_asyncio `list_*` method (namespace and the like already bound with functools.partial).
-# It is called with keyword arguments only and `_preload_content=False`, so it returns the raw response.
-ListFn = Callable[..., Awaitable[aiohttp.ClientResponse]]
+# It is called with keyword arguments only and `_preload_content=False`, so it returns the raw
+# aiohttp response; the client's annotations name only the model list it returns otherwise, hence
+# `Any` here and the response typed where it is awaited.
+ListFn = Callable[..., Awaitable[Any]]
 
 
 class Sink(Protocol):
@@ -43,7 +45,7 @@ class Sink(Protocol):
 
     def delete(self, obj: Mapping[str, Any]) -> None: ...
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None: ...
+    def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 class _Absent(Exception):
@@ -164,7 +166,7 @@ class ResourceWatch:
             if cont:
                 kwargs["_continue"] = cont
             REMOTE_CALLS.labels("kubernetes", "background").inc()
-            response = await self.list_fn(
+            response: aiohttp.ClientResponse = await self.list_fn(
                 **kwargs, _preload_content=False, _request_timeout=self.timing.request_timeout_s
             )
             try:
@@ -194,7 +196,7 @@ class ResourceWatch:
         """Apply events until the stream ends cleanly; returns how many. Raises on anything else."""
         timeout = random.uniform(self.timing.watch_timeout_s, 2 * self.timing.watch_timeout_s)
         REMOTE_CALLS.labels("kubernetes", "background").inc()
-        response = await self.list_fn(
+        response: aiohttp.ClientResponse = await self.list_fn(
             **self._selectors(),
             watch=True,
             resource_version=self.resource_version,

@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -186,7 +186,7 @@ class GpuReservations:
         self._objects.pop(namespace, None)
         self._reservations.pop(namespace, None)
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
+    def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
         self._objects.clear()
         self._reservations.clear()
         apply_each(kind, objects, self.apply)

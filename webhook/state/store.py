@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
@@ -39,7 +39,7 @@ class ClusterState:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.install_namespace = install_namespace
-        self.clock = clock
+        self.clock = clock  # stamps NamespaceInfo.runai_queue_seen_at
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.priority_classes: dict[str, PriorityClassInfo] = {}
         self.local_queues: dict[str, frozenset[str]] = {}
@@ -58,7 +58,6 @@ class ClusterState:
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
         self.synced: dict[str, bool] = {}
         self.listeners: list[Listener] = []
-        self.clock: Callable[[], float] = time.time  # stamps NamespaceInfo.runai_queue_seen_at
         self._listing = False  # inside replace_all: what a full list shows is not news
 
     # -- views -------------------------------------------------------------------------------
@@ -138,7 +137,7 @@ class ClusterState:
             return
         self._notify("delete", kind, obj)
 
-    def replace_all(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
+    def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
         """A fresh list (initial sync or re-list after 410 Gone): drop what is no longer there."""
         if kind == "Namespace":
             self.namespaces.clear()
@@ -240,7 +239,7 @@ class ClusterState:
             listener(event, kind, obj)
 
 
-def apply_each(kind: str, objects: list[Mapping[str, Any]], apply: Callable[[Mapping[str, Any]], None]) -> int:
+def apply_each(kind: str, objects: Sequence[Mapping[str, Any]], apply: Callable[[Mapping[str, Any]], None]) -> int:
     """Apply every object of a fresh list; one a cache cannot take is skipped, logged and counted,
     so no single object stops a cache from syncing. Returns how many were skipped."""
     skipped = 0
