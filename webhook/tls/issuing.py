@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, get_args
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -40,6 +40,12 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # --------------------------------------------------------------------------------------------
 
 
+def _is_issuer_key(key: object) -> TypeGuard[CertificateIssuerPrivateKeyTypes]:
+    """A key that can sign certificates (`CertificateIssuerPrivateKeyTypes` is a Union: isinstance
+    takes its members)."""
+    return isinstance(key, get_args(CertificateIssuerPrivateKeyTypes))
+
+
 @dataclass(frozen=True)
 class CertKey:
     """A certificate and its private key; PEM bytes on demand so tests need no files."""
@@ -62,7 +68,7 @@ class CertKey:
         """Load a pair; ValueError when either does not parse or the key is not the cert's."""
         cert = x509.load_pem_x509_certificate(cert_pem)
         key = serialization.load_pem_private_key(key_pem, password=None)
-        if not isinstance(key, CertificateIssuerPrivateKeyTypes):
+        if not _is_issuer_key(key):
             raise ValueError(f"unsupported key type {type(key).__name__}")
         if key.public_key() != cert.public_key():
             raise ValueError("the private key does not belong to the certificate")
@@ -235,7 +241,9 @@ def sans_of(cert: x509.Certificate) -> tuple[list[str], list[IPAddress]]:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return [], []
-    return san.get_values_for_type(x509.DNSName), san.get_values_for_type(x509.IPAddress)
+    # IPAddress entries may hold networks too (name constraints); a server's SANs are addresses.
+    ips = [ip for ip in san.get_values_for_type(x509.IPAddress) if isinstance(ip, IPAddress)]
+    return san.get_values_for_type(x509.DNSName), ips
 
 
 def write_file_atomic(path: Path, data: bytes, mode: int) -> None:
