@@ -65,8 +65,9 @@ def _identity_name(identity: Any) -> str:
         value = getattr(identity, attr, None)
         if isinstance(value, str):
             return value
-    if isinstance(identity, dict) and isinstance(identity.get("username"), str):
-        return identity["username"]
+    username = identity.get("username") if isinstance(identity, dict) else None
+    if isinstance(username, str):
+        return username
     return str(identity)
 
 

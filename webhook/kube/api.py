@@ -89,7 +89,8 @@ async def raw_call(call: Any, *args: Any, call_path: CallPath, **kwargs: Any) ->
             failed = ApiException(status=response.status, reason=response.reason)
             failed.body = raw.decode("utf-8", "replace")
             raise _error(failed)
-        return json.loads(raw)
+        obj: Obj = json.loads(raw)  # an API object: a JSON object
+        return obj
 
 
 def now_rfc3339() -> str:

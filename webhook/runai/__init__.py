@@ -1,7 +1,6 @@
 """NVIDIA Run:ai control-plane client."""
 
 from .client import (
-    CallPath,
     ClientOptions,
     RunaiAuthError,
     RunaiClient,
@@ -15,7 +14,6 @@ from .client import (
 from .models import Cluster, Department, GpuUsage, NodePool, NodePoolGpuQuota, NodePoolMetrics, Project
 
 __all__ = [
-    "CallPath",
     "ClientOptions",
     "Cluster",
     "Department",

@@ -563,7 +563,7 @@ class RunaiClient:
         return status, body
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        ceiling = min(self.options.backoff_max_s, self.options.backoff_s * (2**attempt))
+        ceiling = min(self.options.backoff_max_s, self.options.backoff_s * (2.0**attempt))
         delay = ceiling / 2 + random.uniform(0, ceiling / 2)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.options.backoff_max_s))

@@ -198,7 +198,7 @@ class ClusterState:
 
     def _is_settings(self, meta: Mapping[str, Any]) -> bool:
         """The settings ConfigMap in the install namespace (a folder's object may omit the namespace)."""
-        return (
+        return bool(
             meta.get("name", "") == SETTINGS_CONFIGMAP
             and meta.get("namespace", self.install_namespace) == self.install_namespace
         )
