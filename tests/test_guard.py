@@ -14,18 +14,12 @@ from typing import Any
 import pytest
 
 from webhook.core.decision import Decision
-from webhook.core.guard import (
-    GuardConfig,
-    Identities,
-    ProjectScheduling,
-    ProjectSettingsError,
-    department_name_error,
-    parse_project_scheduling,
-    runai_department_for,
-    validate_namespace_change,
-    validate_settings_change,
-    validate_settings_request,
-)
+from webhook.core.departments import department_name_error, runai_department_for
+from webhook.core.guard import validate_settings_request
+from webhook.core.guard_config import GuardConfig, Identities
+from webhook.core.namespace_guard import validate_namespace_change
+from webhook.core.project_settings import ProjectScheduling, ProjectSettingsError, parse_project_scheduling
+from webhook.core.settings_guard import validate_settings_change
 from webhook.settings import DEFAULT_RUNAI_URL, ClusterSettings
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PriorityClassInfo
 

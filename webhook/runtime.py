@@ -25,7 +25,7 @@ from aiohttp.log import access_logger
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from webhook.core.guard import GuardConfig, Identities
+from webhook.core.guard_config import GuardConfig, Identities
 from webhook.http.app import PROBE_MAX_CONNECTIONS, SERVER_KEY, cluster_mode_only_routes, create_app, create_probe_app
 from webhook.http.handlers import ClusterParts, admission_handlers
 from webhook.http.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from webhook.core.decision import AdmissionHandler
-from webhook.core.guard import GuardConfig
+from webhook.core.guard_config import GuardConfig
 from webhook.http.app import create_app
 from webhook.http.handlers import admission_handlers
 from webhook.state.store import ClusterState

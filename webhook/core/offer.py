@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from webhook.core.guard import ProjectSettingsError, parse_project_scheduling
+from webhook.core.project_settings import ProjectSettingsError, parse_project_scheduling
 from webhook.settings import ClusterSettings
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import AdmissionHandler, Decision
-from webhook.core.guard import GuardConfig, validate_settings_request
+from webhook.core.guard import validate_settings_request
+from webhook.core.guard_config import GuardConfig
 from webhook.core.scheduling import mutate_pod
 from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
 from webhook.core.workloads import validate_workload

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from webhook.core.guard import runai_department_for
+from webhook.core.departments import runai_department_for
 from webhook.kube.api import CallPath, KubeApi, KubeConflict, KubeError, KubeNotFound, Obj
 from webhook.kube.events import EventRecorder
 from webhook.runai.client import RunaiAuthError, RunaiClient, RunaiConflict, RunaiError, RunaiUnreachable

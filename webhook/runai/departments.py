@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
-from webhook.core.guard import department_name_error, runai_department_for
+from webhook.core.departments import department_name_error, runai_department_for
 from webhook.kube.api import KubeApi, KubeConflict, KubeError, KubeNotFound, Obj
 from webhook.runai.client import RunaiClient, RunaiError, RunaiNotFound, RunaiUnreachable
 from webhook.runai.models import Department, Project

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from webhook.core.guard import runai_department_for
+from webhook.core.departments import runai_department_for
 from webhook.kube.events import EventRecorder
 from webhook.runai.binding import (
     BINDING_ANNOTATION,
