@@ -25,14 +25,13 @@ from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import owned_by, pod_review
-from webhook.core.decision import AdmissionHandler, Decision
-from webhook.core.scheduling import BINDING_SETTLING
-from webhook.core.validation import NOT_BOUND, OVER_QUOTA, QUEUE_MISSING, validate_pod
+from webhook.core.decision import AdmissionHandler, Decision, Reason
+from webhook.core.validation import validate_pod
 from webhook.kube.api import KubeApi
 from webhook.kube.watch import WatchTiming
 from webhook.quota import GpuReservations, configmap_name, validate_pods_handler
-from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, UNPROVEN, WATCH_NAME
-from webhook.runai.admission import RUNAI_UNREACHABLE, mutate_pods_handler
+from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, WATCH_NAME
+from webhook.runai.admission import mutate_pods_handler
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 
@@ -172,7 +171,7 @@ async def test_a_reservation_within_quota_writes_one_entry_counted_on_the_reques
     assert entry == {"gpus": 2.0, "expires_at": 1_000_000.0 + 120, "pod": "nb-uid-1", "kind": "notebook"}
     # The next one is decided against the reservation: 1 left, asks for 2.
     refused = await a.handler(notebook("uid-2", gpus=2))
-    assert not refused.allowed and refused.reason == OVER_QUOTA
+    assert not refused.allowed and refused.reason == Reason.GPU_QUOTA_EXCEEDED
     assert "1 of 3 deserved GPUs left" in refused.message
     assert set(stored(kube)) == {"uid-1"}
 
@@ -202,7 +201,9 @@ async def test_two_replicas_racing_for_the_last_gpus_admit_exactly_the_quota(
     refused = [d for d in decisions if not d.allowed]
     assert len(admitted) == 3, [d.message for d in refused]
     assert len(refused) == 9
-    assert all(d.reason == OVER_QUOTA and "0 of 3 deserved GPUs left" in d.message for d in refused), refused
+    assert all(d.reason == Reason.GPU_QUOTA_EXCEEDED and "0 of 3 deserved GPUs left" in d.message for d in refused), (
+        refused
+    )
     assert len(stored(kube)) == 3
     assert writes(kube) > 3  # the replicas did collide: some writes were refused with 409
     if watch:  # both replicas' caches converge on the same three reservations
@@ -242,7 +243,7 @@ async def test_kubernetes_api_failing_refuses_clearly_and_recovers(
     kube.fail_next(50, status=500, path_prefix=CM_PATH, method="GET")
     decision = await a.handler(notebook("uid-1"))
     assert not decision.allowed
-    assert decision.code == 503 and decision.reason == UNPROVEN
+    assert decision.code == 503 and decision.reason == Reason.GPU_QUOTA_UNPROVEN
     assert "cannot be checked right now" in decision.message and "Try again" in decision.message
     kube.clear_faults()
     assert (await a.handler(notebook("uid-1"))).allowed
@@ -251,7 +252,7 @@ async def test_kubernetes_api_failing_refuses_clearly_and_recovers(
 async def test_kubernetes_api_unreachable_refuses_clearly(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:
     (a,) = await replicas(1, deserved=2, api_config=Configuration(host="http://127.0.0.1:9"))
     decision = await a.handler(notebook("uid-1"))
-    assert not decision.allowed and decision.reason == UNPROVEN
+    assert not decision.allowed and decision.reason == Reason.GPU_QUOTA_UNPROVEN
     assert "GPU quota of project vision cannot be checked" in decision.message
 
 
@@ -260,7 +261,7 @@ async def test_conflicts_past_the_retry_bound_fail_closed(kube: KubeEmulator, re
     assert (await a.handler(notebook("uid-1"))).allowed  # the ConfigMap exists: later writes are PUTs
     kube.fail_next(100, status=409, path_prefix=CM_PATH, method="PUT")
     decision = await a.handler(notebook("uid-2"))
-    assert not decision.allowed and decision.reason == UNPROVEN
+    assert not decision.allowed and decision.reason == Reason.GPU_QUOTA_UNPROVEN
     assert "kept conflicting after 10 attempts" in decision.message
     assert len(kube.calls("PUT", CM_PATH)) == 10
 
@@ -271,12 +272,12 @@ async def test_unbound_project_is_bound_in_the_mutating_phase_its_first_pod_refu
     (a,) = await replicas(1, deserved=1)
     first = await a.mutate(notebook("uid-1", ns="nlp"))
     # Bound, but this pod's mutating phase started before: Run:ai's webhooks would not see it.
-    assert not first.allowed and first.reason == BINDING_SETTLING and first.code == 503, first.message
+    assert not first.allowed and first.reason == Reason.RUNAI_BINDING_SETTLING and first.code == 503, first.message
     assert "has just been bound to Run:ai project nlp" in first.message and "Create it again" in first.message
     assert a.binder.calls == ["nlp"]
     assert kube.get_object("Namespace", "nlp")["metadata"]["labels"]["runai/queue"] == "nlp"
     # Retried at once: still held back until the binding has settled.
-    assert (await a.mutate(notebook("uid-1", ns="nlp"))).reason == BINDING_SETTLING
+    assert (await a.mutate(notebook("uid-1", ns="nlp"))).reason == Reason.RUNAI_BINDING_SETTLING
     a.clock.now += 1.5
     again = await a.mutate(notebook("uid-1", ns="nlp"))
     assert again.allowed and again.audit.get("runai-queue") == "nlp", again.message
@@ -294,14 +295,14 @@ async def test_validation_refuses_pods_of_unbound_projects_and_pods_without_the_
 ) -> None:
     (a,) = await replicas(1, deserved=1)
     unbound = await a.handler(notebook("uid-1", ns="nlp"))
-    assert not unbound.allowed and unbound.reason == NOT_BOUND
+    assert not unbound.allowed and unbound.reason == Reason.RUNAI_PROJECT_NOT_BOUND
     other = notebook("uid-2")
     other["object"]["metadata"]["labels"]["runai/queue"] = "nlp"  # another project's queue
-    assert (await a.handler(other)).reason == QUEUE_MISSING
+    assert (await a.handler(other)).reason == Reason.RUNAI_QUEUE_MISSING
     request = notebook("uid-3")
     del request["object"]["metadata"]["labels"]["runai/queue"]
     missing = await a.handler(request)
-    assert not missing.allowed and missing.reason == QUEUE_MISSING
+    assert not missing.allowed and missing.reason == Reason.RUNAI_QUEUE_MISSING
     assert a.binder.calls == [] and writes(kube) == 0
 
 
@@ -311,20 +312,20 @@ async def test_unbound_project_with_runai_unreachable_is_refused(
     (a,) = await replicas(1)
     a.binder.reachable = False
     decision = await a.mutate(notebook("uid-1", ns="nlp"))
-    assert not decision.allowed and decision.reason == RUNAI_UNREACHABLE and decision.code == 503
+    assert not decision.allowed and decision.reason == Reason.RUNAI_UNREACHABLE and decision.code == 503
     assert "not bound to a Run:ai project yet" in decision.message
     assert "Run:ai control plane at http://127.0.0.1:9 did not answer" in decision.message
     assert "unreachable" in decision.message and "Try again later" in decision.message
     assert writes(kube) == 0
     # Jobs too: nothing starts outside Run:ai's governance (R2).
     job = await a.mutate(notebook("uid-2", ns="nlp", labels={"job-name": "train"}))
-    assert not job.allowed and job.reason == RUNAI_UNREACHABLE
+    assert not job.allowed and job.reason == Reason.RUNAI_UNREACHABLE
 
 
 async def test_dry_run_on_an_unbound_project_does_not_bind(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:
     (a,) = await replicas(1)
     decision = await a.mutate(notebook("uid-1", ns="nlp", dry_run=True))
-    assert not decision.allowed and decision.reason == NOT_BOUND
+    assert not decision.allowed and decision.reason == Reason.RUNAI_PROJECT_NOT_BOUND
     assert "a real (not dry-run) pod creation binds it" in decision.message
     assert a.binder.calls == [] and writes(kube) == 0
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.support.cluster import cluster_state, local_queue, namespace, priority_class, snapshot
 from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, owned_by, pod_review, review
-from webhook.core.scheduling import BINDING_SETTLING, mutate_pod
+from webhook.core.decision import Reason
+from webhook.core.scheduling import mutate_pod
 
 ZONE = "topology.kubernetes.io/zone=eu-1a"
 A100 = "nvidia.com/gpu.product=A100"
@@ -495,5 +496,5 @@ def test_s5_pods_wait_for_a_fresh_binding_to_settle(now: float | None, seen_at: 
     decision = mutate_pod(pod_review("bound")["request"], state.snapshot(), now, settle_s=1.0)
     assert decision.allowed is allowed, decision.message
     if not allowed:
-        assert decision.reason == BINDING_SETTLING and decision.code == 503
+        assert decision.reason == Reason.RUNAI_BINDING_SETTLING and decision.code == 503
         assert "moments ago" in decision.message and "again" in decision.message

@@ -11,18 +11,9 @@ import pytest
 
 from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
 from tests.support.reviews import assert_decision, owned_by, pod_review
+from webhook.core.decision import Reason
 from webhook.core.kinds import parse_quantity
-from webhook.core.validation import (
-    NOT_BOUND,
-    NOT_KNOWN_HERE,
-    OVER_QUOTA,
-    PROJECT_MISSING,
-    QUEUE_MISSING,
-    format_gpus,
-    gpus_in_use,
-    gpus_left,
-    validate_pod,
-)
+from webhook.core.validation import format_gpus, gpus_in_use, gpus_left, validate_pod
 from webhook.quota.reservations import DEFAULT_TTL_S
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
 from webhook.state.store import FREED_RETENTION_S, ClusterState
@@ -82,7 +73,7 @@ CASES = [
         "R2 unbound namespace is refused with a reason the shell binds on",
         namespace="nlp",
         allowed=False,
-        reason=NOT_BOUND,
+        reason=Reason.RUNAI_PROJECT_NOT_BOUND,
     ),
     Case("R3 within quota", gpus=2),
     Case(
@@ -90,10 +81,15 @@ CASES = [
         queue=None,
         gpus=0,
         allowed=False,
-        reason=QUEUE_MISSING,
+        reason=Reason.RUNAI_QUEUE_MISSING,
         message=("lacks runai/queue=vision", "create it again"),
     ),
-    Case("S5 a pod labelled with another project's queue is refused", queue="nlp", allowed=False, reason=QUEUE_MISSING),
+    Case(
+        "S5 a pod labelled with another project's queue is refused",
+        queue="nlp",
+        allowed=False,
+        reason=Reason.RUNAI_QUEUE_MISSING,
+    ),
     Case("S5 Run:ai off: runai/queue is not required", run_ai=False, queue=None),
     Case(
         "R5 a project moving between departments starts nothing",
@@ -107,12 +103,16 @@ CASES = [
         gpus=2,
         pods=[running_pod("a", 1)],
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
         message=("1 of 2 deserved GPUs left", "asks for 2"),
     ),
     Case("R3 finished pods do not count", gpus=2, pods=[running_pod("a", 1, phase="Succeeded")]),
     Case(
-        "R3 waiting pods count", gpus=2, pods=[running_pod("a", 1, phase="Pending")], allowed=False, reason=OVER_QUOTA
+        "R3 waiting pods count",
+        gpus=2,
+        pods=[running_pod("a", 1, phase="Pending")],
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case("R3 preemptible jobs do not count", gpus=2, pods=[running_pod("a", 2, kind="job")]),
     Case("R3 jobs are never checked", labels={"job-name": "train"}, owners=owned_by("Job"), gpus=16),
@@ -123,21 +123,21 @@ CASES = [
         labels={"job-name": "train"},
         gpus=16,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "R3 a pod saying workload-type job without a Job owner is checked",
         labels={"hopsworks.ai/workload-type": "job"},
         gpus=16,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "R3 a pod saying it is a system job without a Job owner is checked",
         labels={"job-type": "system"},
         gpus=16,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "R3 an ownerReference to a Job that is not the controller does not make a job",
@@ -145,7 +145,7 @@ CASES = [
         owners=owned_by("Job", controller=False),
         gpus=16,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "R3 a Job of another API group is no batch Job",
@@ -153,24 +153,24 @@ CASES = [
         labels={},
         gpus=16,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "R3 an unrecognised kind (app: streamlit) is checked",
         labels={"app": "streamlit"},
         gpus=3,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
         message=("2 of 2 deserved GPUs left", "asks for 3"),
     ),
-    Case("R3 a pod with no labels is checked", labels={}, gpus=3, allowed=False, reason=OVER_QUOTA),
+    Case("R3 a pod with no labels is checked", labels={}, gpus=3, allowed=False, reason=Reason.GPU_QUOTA_EXCEEDED),
     Case(
         "R3 a Ray worker is checked",
         labels={"ray.io/node-type": "worker", "ray.io/cluster": "rc"},
         owners=owned_by("RayCluster", api_version="ray.io/v1", name="rc"),
         gpus=3,
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case("R3 an unrecognised kind within quota is admitted", labels={"app": "streamlit"}, gpus=2),
     Case(
@@ -179,7 +179,7 @@ CASES = [
         gpus=1,
         pods=[running_pod("s", 2, kind="", phase="Pending")],
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case("R3 pods without GPUs are not checked", gpus=None, deserved=0),
     Case(
@@ -199,7 +199,13 @@ CASES = [
         allowed=False,
         message=("0.35 of 2.2",),
     ),
-    Case("R3 admitted but not yet seen pods count", gpus=1, reservations={"r1": 1.5}, allowed=False, reason=OVER_QUOTA),
+    Case(
+        "R3 admitted but not yet seen pods count",
+        gpus=1,
+        reservations={"r1": 1.5},
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+    ),
     Case("R3 deserved 0 refuses any GPU notebook", deserved=0, allowed=False, message=("0 of 0 deserved GPUs left",)),
     Case(
         "R3 terminal, app and deployment are checked",
@@ -218,7 +224,7 @@ CASES = [
         "R2 bound, Run:ai reachable, project not known to this replica: never admitted unchecked",
         deserved=None,
         allowed=False,
-        reason=NOT_KNOWN_HERE,
+        reason=Reason.RUNAI_PROJECT_NOT_KNOWN_HERE,
         message=("no record yet of Run:ai project vision", "try again"),
     ),
     Case(
@@ -226,14 +232,14 @@ CASES = [
         deserved=None,
         reachable=None,
         allowed=False,
-        reason=NOT_KNOWN_HERE,
+        reason=Reason.RUNAI_PROJECT_NOT_KNOWN_HERE,
     ),
     Case(
         "R2 bound to a Run:ai project that Run:ai no longer has: refused, saying so and what to do",
         deserved=None,
         missing={"vision": "vision"},
         allowed=False,
-        reason=PROJECT_MISSING,
+        reason=Reason.RUNAI_PROJECT_MISSING,
         message=("Run:ai project vision, which no longer exists in Run:ai", "remove the labels runai/queue"),
     ),
     Case(
@@ -241,7 +247,7 @@ CASES = [
         deserved=None,
         missing={"vision": "old-queue"},
         allowed=False,
-        reason=NOT_KNOWN_HERE,
+        reason=Reason.RUNAI_PROJECT_NOT_KNOWN_HERE,
     ),
     Case(
         "malformed fraction is a clear 400",
@@ -378,7 +384,7 @@ def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annot
     snap.runai_projects = {"vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=8)}
     labels = {**NOTEBOOK, "runai/queue": "vision"}  # as the mutating webhook set it (S5)
     decision = validate_pod(pod_review("vision", labels=labels, gpus=1)["request"], snap, now=NOW)
-    assert_decision(decision, allowed=False, reason=OVER_QUOTA, message=("cannot be read", "poison"))
+    assert_decision(decision, allowed=False, reason=Reason.GPU_QUOTA_EXCEEDED, message=("cannot be read", "poison"))
     state.delete(poison)
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 3
     assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 0

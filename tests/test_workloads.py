@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.cluster import cluster_state, namespace
 from tests.support.reviews import assert_decision, review
-from webhook.core.validation import OVER_QUOTA
+from webhook.core.decision import Reason
 from webhook.core.workloads import validate_workload
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
 from webhook.state.store import ClusterState
@@ -192,7 +192,7 @@ CASES = [
         "create: replicas × GPUs beyond what is left is refused",
         lambda: workload(replicas=3, gpus=2),
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
         message=("4 of 4 deserved GPUs left", "Deployment api (deployment) asks for 6", "3 × 2 GPUs"),
     ),
     Case(
@@ -344,7 +344,7 @@ CASES = [
         "dryRun gets the same answer (no side effects here)",
         lambda: workload(replicas=5, gpus=1, dry_run=True),
         allowed=False,
-        reason=OVER_QUOTA,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case(
         "scale subresource: scale up beyond what is left",

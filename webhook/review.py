@@ -19,7 +19,7 @@ import jsonpatch
 import yaml
 
 from webhook.admission import BadReview, parse_review
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.scheduling import mutate_pod
 from webhook.state.folder import StateFolderError, load_into
 from webhook.state.store import ClusterState
@@ -59,7 +59,7 @@ def decide(request: dict[str, Any], state: ClusterState) -> tuple[Decision, dict
     validation = validate_pod({**request, "object": patched}, snapshot)
     warnings = mutation.warnings + validation.warnings
     if not validation.allowed:
-        return Decision.deny(validation.message, validation.code, validation.reason, warnings), None
+        return Decision.deny(validation.message, validation.code, validation.reason or Reason.FORBIDDEN, warnings), None
     return Decision(True, patch=mutation.patch, warnings=warnings, audit=mutation.audit), patched
 
 

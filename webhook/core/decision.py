@@ -4,7 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class Reason(StrEnum):
+    """The machine reason of a refusal: the response's `status.reason` (these exact strings are the
+    wire values). The shell branches on some of them (bind, look up, retry), so they are one type."""
+
+    FORBIDDEN = "Forbidden"
+    INVALID = "Invalid"
+    BAD_REQUEST = "BadRequest"  # the request cannot be read
+    INTERNAL_ERROR = "InternalError"  # a bug: never a traceback to the caller
+    RUNAI_PROJECT_NOT_BOUND = "RunaiProjectNotBound"  # bind now, or refuse when Run:ai is unreachable
+    RUNAI_PROJECT_NOT_KNOWN_HERE = "RunaiProjectNotKnownHere"  # bound, but no record here yet: look it up
+    RUNAI_PROJECT_MISSING = "RunaiProjectMissing"  # bound to a Run:ai project Run:ai no longer has
+    RUNAI_BINDING_SETTLING = "RunaiBindingSettling"  # bound moments ago: Run:ai's webhook may not see it yet
+    RUNAI_QUEUE_MISSING = "RunaiQueueMissing"
+    RUNAI_UNREACHABLE = "RunaiUnreachable"  # binding needed Run:ai, and it did not answer
+    PROJECT_MOVING = "ProjectMoving"  # a department move is under way
+    GPU_QUOTA_EXCEEDED = "GpuQuotaExceeded"
+    GPU_QUOTA_UNPROVEN = "GpuQuotaUnproven"  # the GPU reservation could not be shown to fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +32,7 @@ class Decision:
     allowed: bool
     message: str = ""  # why it was refused (kubectl shows it to the user)
     code: int = 200  # status code when refused: 403 policy refusal, 400 bad object, 422 invalid
-    reason: str = ""  # machine reason, e.g. "Forbidden", "Invalid"
+    reason: Reason | None = None  # why it was refused (None when allowed)
     patch: tuple[dict[str, Any], ...] = ()  # RFC 6902 operations
     warnings: tuple[str, ...] = ()
     audit: Mapping[str, str] = field(default_factory=dict)  # auditAnnotations, keys without prefix
@@ -31,7 +51,7 @@ class Decision:
         cls,
         message: str,
         code: int = 403,
-        reason: str = "Forbidden",
+        reason: Reason = Reason.FORBIDDEN,
         warnings: tuple[str, ...] | list[str] = (),
     ) -> Decision:
         return cls(allowed=False, message=message, code=code, reason=reason, warnings=tuple(warnings))

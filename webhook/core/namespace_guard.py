@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.departments import department_name_error, runai_department_for
 from webhook.core.guard_config import GuardConfig, request_kind, requester
 from webhook.core.project_settings import ProjectSettingsError, read_project_scheduling
@@ -130,7 +130,7 @@ def validate_namespace_change(
     if forbidden:
         return Decision.deny("; ".join(forbidden + invalid), warnings=warnings)
     if invalid:
-        return Decision.deny("; ".join(invalid), code=422, reason="Invalid", warnings=warnings)
+        return Decision.deny("; ".join(invalid), code=422, reason=Reason.INVALID, warnings=warnings)
     return Decision.allow(warnings=warnings)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
 from webhook.core.patch import PodPatch
@@ -33,10 +33,9 @@ from webhook.snapshot import (
 # Required node affinity is a handful of expressions; the cap bounds the patch a hostile pod could
 # make us build (its terms are copied once per affinity key).
 MAX_RESULT_EXPRESSIONS = 10_000
-# S5 refusals. NOT_BOUND: the project has no Run:ai binding yet (the shell binds, then refuses);
-# BINDING_SETTLING: bound moments ago, so the apiserver may not select Run:ai's webhook yet.
-NOT_BOUND = "RunaiProjectNotBound"
-BINDING_SETTLING = "RunaiBindingSettling"
+# S5 refuses with Reason.RUNAI_PROJECT_NOT_BOUND (no Run:ai binding yet: the shell binds, then
+# refuses) or Reason.RUNAI_BINDING_SETTLING (bound moments ago: the apiserver may not select Run:ai's
+# webhook yet).
 # How long a binding must have been in this replica's watch-fed cache before its pods are admitted.
 # The apiserver evaluates Run:ai's namespaceSelector against its own informer cache, fed by the
 # same watch as ours but without the network hop, so it normally has the label first; the margin
@@ -168,7 +167,7 @@ def mutate_pod(
         _kueue_off(m)
 
     if m.errors:
-        return Decision.deny("; ".join(m.errors), code=403, reason="Forbidden", warnings=m.warnings)
+        return Decision.deny("; ".join(m.errors), code=403, reason=Reason.FORBIDDEN, warnings=m.warnings)
     return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations())
 
 
@@ -413,7 +412,7 @@ def runai_binding_refusal(namespace: NamespaceInfo, now: float | None, settle_s:
         return Decision.deny(
             f"project namespace {namespace.name} is not bound to a Run:ai project yet; its workloads start once it is",
             code=403,
-            reason=NOT_BOUND,
+            reason=Reason.RUNAI_PROJECT_NOT_BOUND,
         )
     if now is not None and now - namespace.runai_queue_seen_at < settle_s:
         return Decision.deny(
@@ -421,7 +420,7 @@ def runai_binding_refusal(namespace: NamespaceInfo, now: float | None, settle_s:
             f"admitted once the binding has reached the Kubernetes API server's cache (within {settle_s:g} s), so "
             "that Run:ai's own admission sees it. Create the pod again (controllers retry on their own)",
             code=503,
-            reason=BINDING_SETTLING,
+            reason=Reason.RUNAI_BINDING_SETTLING,
         )
     return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.guard_config import GuardConfig, list_capped, request_kind, requester
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL, ClusterSnapshot
@@ -85,7 +85,7 @@ def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapsh
         try:
             after = ClusterSettings.from_configmap_data(obj.get("data"))
         except SettingsError as exc:
-            return Decision.deny(f"{SETTINGS_CONFIGMAP}: {exc}", code=422, reason="Invalid")
+            return Decision.deny(f"{SETTINGS_CONFIGMAP}: {exc}", code=422, reason=Reason.INVALID)
 
     exclusion = after.exclusion_error()
     if exclusion:
@@ -93,7 +93,7 @@ def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapsh
             f"{SETTINGS_CONFIGMAP}: {exclusion}; set kueue_installed to false, or turn Run:ai off through "
             "the installation first",
             code=422,
-            reason="Invalid",
+            reason=Reason.INVALID,
         )
 
     warnings: list[str] = []

@@ -14,17 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import UNREADABLE_POD_GPUS, pod_gpu_request
-from webhook.core.scheduling import NOT_BOUND, pod_target
+from webhook.core.scheduling import pod_target
 from webhook.settings import quota_checked
 from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
 
-NOT_KNOWN_HERE = "RunaiProjectNotKnownHere"
-PROJECT_MISSING = "RunaiProjectMissing"
-QUEUE_MISSING = "RunaiQueueMissing"
-OVER_QUOTA = "GpuQuotaExceeded"
-MOVING = "ProjectMoving"
 EPSILON = 1e-9  # fractions add up in floating point
 
 
@@ -116,13 +111,13 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         return Decision.deny(
             f"project {ns.name} is moving to another department; its workloads start once the move is done",
             code=409,
-            reason=MOVING,
+            reason=Reason.PROJECT_MOVING,
         )
     if ns.runai_queue is None:
         return Decision.deny(
             f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",
             code=403,
-            reason=NOT_BOUND,
+            reason=Reason.RUNAI_PROJECT_NOT_BOUND,
         )
     if target.labels.get(RUNAI_QUEUE_LABEL) != ns.runai_queue:
         # Our mutating webhook labels every pod of a bound project; a pod without the label (or with
@@ -131,13 +126,13 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             f"pod lacks {RUNAI_QUEUE_LABEL}={ns.runai_queue}, the Run:ai queue of project {ns.name}, so it did not "
             "pass Run:ai's admission; create it again (the scheduling webhook adds the label)",
             code=403,
-            reason=QUEUE_MISSING,
+            reason=Reason.RUNAI_QUEUE_MISSING,
         )
     try:
         # Every kind: a request that cannot be read would count as NaN or infinity in the caches.
         gpus = pod_gpu_request(target.pod)
     except ValueError as exc:
-        return Decision.deny(f"GPU request: {exc}", code=400, reason="Invalid")
+        return Decision.deny(f"GPU request: {exc}", code=400, reason=Reason.INVALID)
     if not quota_checked(target.kind):
         return Decision.allow()  # jobs are preemptible: Run:ai runs them on idle GPUs over quota
     if gpus <= 0:
@@ -181,7 +176,7 @@ def check_quota(
             f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
             "left; " + asks + _unreadable_note(snapshot, namespace),
             code=403,
-            reason=OVER_QUOTA,
+            reason=Reason.GPU_QUOTA_EXCEEDED,
         )
     return Decision.allow(audit={"gpus": format_gpus(gpus), "gpus-left": format_gpus(left - gpus)})
 
@@ -193,12 +188,12 @@ def runai_record_missing(snapshot: ClusterSnapshot, namespace: str) -> Decision 
         return None
     queue = snapshot.namespaces[namespace].runai_queue if namespace in snapshot.namespaces else None
     if queue is not None and snapshot.runai_missing.get(namespace) == queue:
-        return Decision.deny(project_missing_message(namespace, queue), code=409, reason=PROJECT_MISSING)
+        return Decision.deny(project_missing_message(namespace, queue), code=409, reason=Reason.RUNAI_PROJECT_MISSING)
     return Decision.deny(
         f"this replica has no record yet of Run:ai project {queue or namespace}, bound to namespace {namespace} "
         "moments ago, so its GPU quota cannot be checked here yet; try again in a few seconds",
         code=503,
-        reason=NOT_KNOWN_HERE,
+        reason=Reason.RUNAI_PROJECT_NOT_KNOWN_HERE,
     )
 
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, pod_gpu_request
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import EPSILON, NOT_KNOWN_HERE, check_quota, format_gpus
+from webhook.core.validation import EPSILON, check_quota, format_gpus
 from webhook.settings import WorkloadKindRules, quota_checked
 from webhook.snapshot import ClusterSnapshot
 
@@ -187,7 +187,7 @@ def validate_workload(
         new = demand(target.owner, target.kind, rules, target.new_replicas)
         old = demand(target.old, target.kind, rules, target.old_replicas) if target.old else None
     except ValueError as exc:
-        return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason="Invalid")
+        return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason=Reason.INVALID)
     increase = new.total - (old.total if old is not None else 0.0)
     if increase <= EPSILON:
         return Decision.allow()  # jobs, no GPUs, unchanged or scaled down: nothing more asked
@@ -208,7 +208,7 @@ def validate_workload(
         f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
         "workload or ask an administrator for more Run:ai quota",
     )
-    if decision.reason == NOT_KNOWN_HERE:
+    if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE:
         # This check makes no remote call; the pods look the project up when they start.
         return Decision.allow(
             warnings=[

@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission import BadReview, build_response, dumps, object_errors, parse_review
-from webhook.core.decision import AdmissionHandler, Decision
+from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.scheduling import request_namespace
 from webhook.logsafe import log_safe
 from webhook.metrics import ADMISSION_INTERNAL_ERRORS, ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
@@ -99,7 +99,7 @@ def admission_route(
         try:
             problem = object_errors(review) if reads_object(review) else None
             if problem is not None:
-                decision = Decision.deny(f"cannot read the object: {problem}", 400, "BadRequest")
+                decision = Decision.deny(f"cannot read the object: {problem}", 400, Reason.BAD_REQUEST)
             else:
                 decision = await handler(review)
         except Exception:
@@ -108,7 +108,7 @@ def admission_route(
             log.exception(
                 "admission handler %s failed for uid %s", endpoint, log_safe(review.get("uid"), LOGGED_UID_CHARS)
             )
-            decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, "InternalError")
+            decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, Reason.INTERNAL_ERROR)
         outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
         counted[outcome].inc()
         payload = dumps(build_response(version, review["uid"], decision))

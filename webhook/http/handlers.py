@@ -14,11 +14,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.core.decision import AdmissionHandler, Decision
+from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.scheduling import mutate_pod
-from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
+from webhook.core.validation import validate_pod
 from webhook.core.workloads import validate_workload
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
@@ -69,7 +69,7 @@ def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = validate_pod(request, state.snapshot(), time.time())
-        if decision.reason == NOT_KNOWN_HERE:
+        if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE:
             # `serve --state` has no Run:ai connection at all: say that, rather than "retry".
             return Decision.allow(warnings=["GPU quota not checked: this server runs without a Run:ai connection"])
         return decision

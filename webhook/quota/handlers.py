@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from webhook.admission import is_dry_run
-from webhook.core.decision import AdmissionHandler, Decision
+from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import NOT_KNOWN_HERE, validate_pod
+from webhook.core.validation import validate_pod
 from webhook.quota.reservations import GpuReservations, reservation_need
 from webhook.state.store import ClusterState
 
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 # Fetches and publishes the Run:ai project of a bound namespace this replica has no record of;
 # raises with a message when it cannot (e.g. `RunaiIntegration.lookup_for_admission`).
 Lookup = Callable[[str], Awaitable[object]]
-RUNAI_UNREACHABLE = "RunaiUnreachable"
 
 
 def validate_pods_handler(
@@ -44,7 +43,7 @@ def validate_pods_handler(
         now = clock()
         decision = validate_pod(request, state.snapshot(), now)
         warnings: list[str] = []
-        if decision.reason == NOT_KNOWN_HERE and lookup is not None:
+        if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE and lookup is not None:
             # Bound since this replica's last directory refresh (often by another replica): never
             # admit unchecked; fetch that one project, or refuse with a message to retry.
             namespace = request_namespace(request)
@@ -57,7 +56,7 @@ def validate_pods_handler(
                     f"of its Run:ai project, bound moments ago, and looking it up failed ({exc}). Try again in a "
                     "few seconds",
                     code=503,
-                    reason=NOT_KNOWN_HERE,
+                    reason=Reason.RUNAI_PROJECT_NOT_KNOWN_HERE,
                 )
             decision = validate_pod(request, state.snapshot(), now)
         # dryRun has no side effects (sideEffects: NoneOnDryRun): the cache's answer only.

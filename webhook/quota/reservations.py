@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from webhook.core.decision import Decision
+from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import pod_gpu_request
 from webhook.core.scheduling import pod_target
 from webhook.core.validation import request_key, validate_pod
@@ -44,7 +44,6 @@ WATCH_NAME = "GpuReservation"  # key in state.synced (/readyz) and the watch met
 # Long enough to cover the pod cache's lag behind the API server on every replica; a pod that never
 # appears (refused by a later webhook, deleted at once) stops counting after it.
 DEFAULT_TTL_S = 120.0
-UNPROVEN = "GpuQuotaUnproven"
 _DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
 
@@ -292,5 +291,5 @@ class GpuReservations:
             f"GPU quota of project {namespace} cannot be checked right now: the GPU reservation could not be "
             f"written to the Kubernetes API ({why}). Try again in a moment",
             code=503,
-            reason=UNPROVEN,
+            reason=Reason.GPU_QUOTA_UNPROVEN,
         )

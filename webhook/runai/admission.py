@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from webhook.admission import is_dry_run
-from webhook.core.decision import AdmissionHandler, Decision
-from webhook.core.scheduling import BINDING_SETTLE_S, BINDING_SETTLING, NOT_BOUND, mutate_pod, request_namespace
+from webhook.core.decision import AdmissionHandler, Decision, Reason
+from webhook.core.scheduling import BINDING_SETTLE_S, mutate_pod, request_namespace
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 # Binds a project namespace to Run:ai (`RunaiIntegration.bind_for_admission`); raises with a
 # message for the user when it cannot. The binder puts the bound namespace in the cache itself.
 Bind = Callable[[str], Awaitable[object]]
-RUNAI_UNREACHABLE = "RunaiUnreachable"
 
 
 def mutate_pods_handler(
@@ -38,7 +37,7 @@ def mutate_pods_handler(
 ) -> AdmissionHandler:
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = mutate_pod(request, state.snapshot(), clock(), settle_s)
-        if decision.reason != NOT_BOUND:
+        if decision.reason != Reason.RUNAI_PROJECT_NOT_BOUND:
             return decision
         namespace = request_namespace(request)
         if is_dry_run(request):
@@ -47,7 +46,7 @@ def mutate_pods_handler(
                 f"project namespace {namespace} is not bound to a Run:ai project yet; a real (not dry-run) "
                 "pod creation binds it, and pods are admitted once the binding is in place",
                 code=403,
-                reason=NOT_BOUND,
+                reason=Reason.RUNAI_PROJECT_NOT_BOUND,
             )
         try:
             result = await bind(namespace)
@@ -58,14 +57,14 @@ def mutate_pods_handler(
                 f"{exc}. The Run:ai control plane is unreachable or refused; its workloads cannot start until "
                 "the project is bound. Try again later",
                 code=503,
-                reason=RUNAI_UNREACHABLE,
+                reason=Reason.RUNAI_UNREACHABLE,
             )
         queue = getattr(result, "project_name", None) or namespace
         return Decision.deny(
             f"project namespace {namespace} has just been bound to Run:ai project {queue}; this pod was refused "
             "so that Run:ai's own admission sees it. Create it again in a moment (controllers retry on their own)",
             code=503,
-            reason=BINDING_SETTLING,
+            reason=Reason.RUNAI_BINDING_SETTLING,
         )
 
     return handle
