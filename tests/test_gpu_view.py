@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,23 +11,11 @@ import pytest
 
 from tests.support.cluster import cluster_state, namespace
 from tests.support.reviews import owned_by
-from webhook.core.gpu_view import (
-    BINDING_LEFT,
-    DEPARTMENT_DRIFT,
-    NOT_BOUND,
-    NOT_KNOWN_YET,
-    OK,
-    PROJECT_MISSING,
-    PROJECTS_LEFT,
-    RUNAI_DISABLED,
-    UNREACHABLE,
-    RunaiData,
-    admin_view,
-    platform_departments,
-    project_gpu_view,
-    view_node_pool,
-)
+from webhook.core.admin_view import admin_view, platform_departments
+from webhook.core.gpu_view import GpuCode, project_gpu_view, view_node_pool
+from webhook.core.runai_data import RunaiData
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
+from webhook.runai.records import pool_metrics, runai_data
 from webhook.snapshot import LeftProject
 
 NOW = 1_000_000.0
@@ -131,15 +119,19 @@ class Case:
     run_ai: bool = True
     runai: RunaiData | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
-    status: str = OK
+    status: str = GpuCode.OK
     codes: tuple[str, ...] = ()
     expect: dict[str, Any] = field(default_factory=dict)  # dotted path in the JSON answer -> value
     missing: dict[str, str] = field(default_factory=dict)  # snapshot.runai_missing
 
 
 def data(*projects: Project, departments: list[Department] = DEPARTMENTS, **kwargs: Any) -> RunaiData:
+    """Run:ai's JSON through the adapter's models and records, as the GPU API reads them."""
     fields: dict[str, Any] = {"reachable": True, "node_pools": POOLS, "metrics": metrics(), **kwargs}
-    return RunaiData(projects=list(projects), departments=departments, **fields)
+    sample = fields.pop("metrics")
+    extra = {k: fields.pop(k) for k in ("metrics_error",) if k in fields}
+    read = runai_data(projects=projects, departments=departments, **fields)
+    return replace(read, metrics=pool_metrics(sample) if sample is not None else None, **extra)
 
 
 CHURN = project("churn", quotas={"default": 4}, usage={"default": (3, 1, 3)})
@@ -237,16 +229,16 @@ CASES = [
         "unbound with Run:ai on: reported, not bound; the department it would go to is shown",
         ns=namespace("churn", labels={"hopsworks.ai/department": "research"}),
         runai=data(project("churn")),  # Run:ai even has one bound to the namespace: still not adopted here
-        status=NOT_BOUND,
-        codes=(NOT_BOUND,),
+        status=GpuCode.NOT_BOUND,
+        codes=(GpuCode.NOT_BOUND,),
         expect={"project": None, "department.name": "research", "available_non_preemptible": None},
     ),
     Case(
         "drift: the platform department exists in Run:ai, the Run:ai project sits elsewhere",
         ns=bound(**{"hopsworks.ai/department": "research"}),
         runai=data(CHURN),
-        status=DEPARTMENT_DRIFT,
-        codes=(DEPARTMENT_DRIFT,),
+        status=GpuCode.DEPARTMENT_DRIFT,
+        codes=(GpuCode.DEPARTMENT_DRIFT,),
         expect={
             "department.name": "default",
             "department.expected": "research",
@@ -264,8 +256,8 @@ CASES = [
     Case(
         "drift the other way: in a named department while the platform says default",
         runai=data(project("churn", "d-research")),
-        status=DEPARTMENT_DRIFT,
-        codes=(DEPARTMENT_DRIFT,),
+        status=GpuCode.DEPARTMENT_DRIFT,
+        codes=(GpuCode.DEPARTMENT_DRIFT,),
         expect={"department.name": "research", "department.expected": "default"},
     ),
     Case(
@@ -273,8 +265,8 @@ CASES = [
         run_ai=False,
         runai=data(CHURN),
         pods=[pod("nb", 1)],
-        status=BINDING_LEFT,
-        codes=(BINDING_LEFT,),
+        status=GpuCode.BINDING_LEFT,
+        codes=(GpuCode.BINDING_LEFT,),
         expect={
             "runai_enabled": False,
             "project": None,
@@ -288,52 +280,52 @@ CASES = [
         ns=namespace("churn"),
         run_ai=False,
         pods=[pod("nb", 1)],
-        status=RUNAI_DISABLED,
+        status=GpuCode.RUNAI_DISABLED,
         expect={"runai_enabled": False, "project": None, "pod_gpus.non_preemptible": 1},
     ),
     Case(
         "Run:ai unreachable, never refreshed: the pod cache is all there is",
         runai=None,
         pods=[pod("nb", 1)],
-        status=UNREACHABLE,
-        codes=(UNREACHABLE,),
+        status=GpuCode.UNREACHABLE,
+        codes=(GpuCode.UNREACHABLE,),
         expect={"project": None, "available_non_preemptible": None, "pod_gpus.non_preemptible": 1},
     ),
     Case(
         "Run:ai unreachable after a refresh: last known quota, no live node-pool numbers",
         runai=data(CHURN, reachable=False, metrics=None),
-        status=UNREACHABLE,
-        codes=(UNREACHABLE,),
+        status=GpuCode.UNREACHABLE,
+        codes=(GpuCode.UNREACHABLE,),
         expect={"project.quota": 4, "available_non_preemptible": 3, "node_pool_gpus": None},
     ),
     Case(
         "metrics call failed: said so, the rest stands",
         runai=data(CHURN, metrics=None, metrics_error="timed out"),
-        status=UNREACHABLE,
-        codes=(UNREACHABLE,),
+        status=GpuCode.UNREACHABLE,
+        codes=(GpuCode.UNREACHABLE,),
         expect={"available_preemptible": None, "available_non_preemptible": 3},
     ),
     Case(
         "runai/queue names a project Run:ai no longer has: says so and what to do, not 'unreachable'",
         runai=data(project("other")),
         missing={"churn": "churn"},
-        status=PROJECT_MISSING,
-        codes=(PROJECT_MISSING,),
+        status=GpuCode.PROJECT_MISSING,
+        codes=(GpuCode.PROJECT_MISSING,),
         expect={"project": None, "department": None, "warnings.0.actual": "churn"},
     ),
     Case(
         "bound after the last refresh, no lookup answered: not known yet, not 'missing'",
         runai=data(project("other")),
-        status=NOT_KNOWN_YET,
-        codes=(NOT_KNOWN_YET,),
+        status=GpuCode.NOT_KNOWN_YET,
+        codes=(GpuCode.NOT_KNOWN_YET,),
         expect={"project": None, "warnings.0.actual": "churn"},
     ),
     Case(
         "most important code first: unreachable before drift",
         ns=bound(**{"hopsworks.ai/department": "research"}),
         runai=data(CHURN, reachable=False),
-        status=UNREACHABLE,
-        codes=(UNREACHABLE, DEPARTMENT_DRIFT),
+        status=GpuCode.UNREACHABLE,
+        codes=(GpuCode.UNREACHABLE, GpuCode.DEPARTMENT_DRIFT),
     ),
 ]
 
@@ -354,7 +346,7 @@ def test_project_gpu_view(case: Case) -> None:
     answer = view.model_dump(mode="json")
     assert answer["status"] == case.status, answer["warnings"]
     assert tuple(w["code"] for w in answer["warnings"]) == case.codes
-    if PROJECT_MISSING in case.codes:
+    if GpuCode.PROJECT_MISSING in case.codes:
         message = answer["warnings"][0]["message"]
         assert "no longer exists in Run:ai" in message and "remove the labels runai/queue" in message
         assert "unreachable" not in message
@@ -377,7 +369,7 @@ def test_view_node_pool_says_which_metrics_to_fetch() -> None:
 def test_every_warning_has_a_message_naming_the_project() -> None:
     snap = cluster_state(namespaces=[bound(**{"hopsworks.ai/department": "research"})], run_ai_enable=True).snapshot()
     view = project_gpu_view(snap.namespaces["churn"], snap, data(CHURN), NOW)
-    assert [w.code for w in view.warnings] == [DEPARTMENT_DRIFT]
+    assert [w.code for w in view.warnings] == [GpuCode.DEPARTMENT_DRIFT]
     assert "churn" in view.warnings[0].message and "research" in view.warnings[0].message
 
 
@@ -415,7 +407,7 @@ def test_admin_view_links_departments_and_projects_or_says_not_linked() -> None:
     assert platform_departments(snap) == {"default", "research", "marketing"}
     runai = data(*ADMIN_PROJECTS, departments=ADMIN_DEPARTMENTS)
     answer = admin_view(snap, runai).model_dump(mode="json")
-    assert answer["status"] == OK and answer["reachable"] and answer["warnings"] == []
+    assert answer["status"] == GpuCode.OK and answer["reachable"] and answer["warnings"] == []
     assert answer["default_department"] == "default"
 
     departments = _rows(answer["departments"], "name")
@@ -445,39 +437,39 @@ def test_admin_view_links_departments_and_projects_or_says_not_linked() -> None:
     assert (churn["department"], churn["runai_department"], churn["expected_department"]) == ("default",) * 3
     fraud = projects["fraud"]
     assert not fraud["linked"] and fraud["quota"] is None and fraud["runai_project"] is None
-    assert [w["code"] for w in fraud["warnings"]] == [NOT_BOUND]
+    assert [w["code"] for w in fraud["warnings"]] == [GpuCode.NOT_BOUND]
     assert (fraud["department"], fraud["expected_department"]) == ("research", "research")
     ads = projects["ads"]
     assert ads["linked"] and not ads["created_by_platform"]  # adopted: no project-id label
     assert (ads["department"], ads["expected_department"], ads["warnings"]) == ("marketing", "default", [])
     legacy = projects["legacy"]
     assert [(w["code"], w["expected"], w["actual"]) for w in legacy["warnings"]] == [
-        (DEPARTMENT_DRIFT, "research", "default")
+        (GpuCode.DEPARTMENT_DRIFT, "research", "default")
     ]
     gone = projects["gone"]
-    assert not gone["linked"] and [w["code"] for w in gone["warnings"]] == [PROJECT_MISSING]
+    assert not gone["linked"] and [w["code"] for w in gone["warnings"]] == [GpuCode.PROJECT_MISSING]
 
 
 def test_admin_view_with_run_ai_off_links_nothing_and_shows_bindings_left() -> None:
     snap = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=False).snapshot()
     # Data the directory may still hold is not used: with the integration off nothing comes from Run:ai.
     answer = admin_view(snap, data(*ADMIN_PROJECTS, departments=ADMIN_DEPARTMENTS)).model_dump(mode="json")
-    assert (answer["status"], answer["runai_enabled"], answer["reachable"]) == (RUNAI_DISABLED, False, False)
+    assert (answer["status"], answer["runai_enabled"], answer["reachable"]) == (GpuCode.RUNAI_DISABLED, False, False)
     assert [d["name"] for d in answer["departments"]] == ["default", "marketing", "research"]
     assert not any(d["linked"] for d in answer["departments"])
     projects = _rows(answer["projects"], "namespace")
     assert not any(p["linked"] for p in projects.values())
-    assert [w["code"] for w in projects["churn"]["warnings"]] == [BINDING_LEFT]
+    assert [w["code"] for w in projects["churn"]["warnings"]] == [GpuCode.BINDING_LEFT]
     assert projects["fraud"]["warnings"] == []
 
 
 def test_admin_view_with_run_ai_unreachable_keeps_the_last_refresh_and_says_so() -> None:
     snap = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=True).snapshot()
     stale = admin_view(snap, data(*ADMIN_PROJECTS, departments=ADMIN_DEPARTMENTS, reachable=False))
-    assert stale.status == UNREACHABLE and not stale.reachable
+    assert stale.status == GpuCode.UNREACHABLE and not stale.reachable
     assert next(p for p in stale.projects if p.namespace == "churn").linked
     empty = admin_view(snap, RunaiData())
-    assert empty.status == UNREACHABLE
+    assert empty.status == GpuCode.UNREACHABLE
     # Nothing known: no project is reported missing from Run:ai.
     gone = next(p for p in empty.projects if p.namespace == "gone")
     assert gone.warnings == [] and not gone.linked
@@ -495,13 +487,13 @@ def test_admin_view_lists_run_ai_projects_left_by_namespaces_deleted_while_off()
     answer = admin_view(on, data(there, half, departments=ADMIN_DEPARTMENTS), left).model_dump(mode="json")
     rows = {r["namespace"]: r["in_runai"] for r in answer["left_in_runai"]}
     assert rows == {"gone-still-there": True, "gone-cleaned": False, "half-made": True}
-    assert [w["code"] for w in answer["warnings"]] == [PROJECTS_LEFT]
+    assert [w["code"] for w in answer["warnings"]] == [GpuCode.PROJECTS_LEFT]
     # Unreachable or off: it cannot know, and says so (None), still listing what it recorded.
     for runai_on, runai in ((True, data(there, departments=ADMIN_DEPARTMENTS, reachable=False)), (False, None)):
         snap = cluster_state(namespaces=ADMIN_NAMESPACES, run_ai_enable=runai_on).snapshot()
         answer = admin_view(snap, runai, left).model_dump(mode="json")
         assert [r["in_runai"] for r in answer["left_in_runai"]] == [None, None, None]
-        assert PROJECTS_LEFT in [w["code"] for w in answer["warnings"]]
+        assert GpuCode.PROJECTS_LEFT in [w["code"] for w in answer["warnings"]]
     # Everything recorded is gone from Run:ai: listed as such, no warning.
     answer = admin_view(on, data(departments=ADMIN_DEPARTMENTS), left[1:2]).model_dump(mode="json")
     assert [r["in_runai"] for r in answer["left_in_runai"]] == [False] and answer["warnings"] == []

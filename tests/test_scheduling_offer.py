@@ -22,7 +22,7 @@ from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
-from webhook.core.gpu_view import RunaiData, project_gpu_view
+from webhook.core.gpu_view import project_gpu_view
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import gpu_offer, offer_view
 from webhook.core.scheduling import mutate_pod
@@ -32,6 +32,7 @@ from webhook.http.gpu_api import GpuViews
 from webhook.http.scheduling_api import scheduling_routes
 from webhook.kube.api import KubeApi
 from webhook.runai.models import NodePool, Project
+from webhook.runai.records import runai_data
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 
@@ -179,7 +180,7 @@ def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
         p.name: RunaiProjectInfo(id=p.id, name=p.name, namespace=p.name, deserved_gpus=p.gpu_quota) for p in projects
     }
     pools = [NodePool.from_api({"id": "p1", "name": "default", "clusterId": "c1", "isDefault": True})]
-    data = RunaiData(reachable=True, projects=projects, departments=[], node_pools=pools)
+    data = runai_data(reachable=True, projects=projects, departments=[], node_pools=pools)
     offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind)
     assert offer.allowed is allowed, offer
     labels = {"hopsworks.ai/workload-type": kind} if kind else {}

@@ -33,16 +33,14 @@ from urllib.parse import quote
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
+from webhook.core.admin_view import AdminDepartment, AdminProject, RunaiAdminView
 from webhook.core.gpu_view import (
-    AdminDepartment,
-    AdminProject,
     DepartmentGpus,
     GpuAvailability,
     GpuWarning,
     NodePoolGpus,
     PodGpus,
     ProjectGpus,
-    RunaiAdminView,
 )
 from webhook.core.offer_view import SchedulingOfferView
 

@@ -1,7 +1,8 @@
-"""R6 as pure functions: a project's GPU view and the admin view of Run:ai departments and projects.
+"""R6 as pure functions: a project's GPU view (the admin view is `core.admin_view`).
 
 No I/O and no clock: the shell hands in the cluster snapshot, what the Run:ai directory cached
-(`RunaiData`) plus one node-pool metrics sample, and the time. Reading never binds anything.
+(`core.runai_data.RunaiData`: records the Run:ai adapter fills) plus one node-pool metrics sample,
+and the time. Reading never binds anything.
 
 Numbers of the project view are for the project's default node pool (`view_node_pool`):
 
@@ -14,35 +15,52 @@ Numbers of the project view are for the project's default node pool (`view_node_
 * `available_preemptible` = the node pool's unallocated GPUs (idle GPUs a job can use over quota),
   capped by the project's GPU limit minus its allocation when Run:ai sets a limit. Null without a
   metrics sample.
-
-The admin view sums quota and allocation over node pools, as the platform's admin pages do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
 
 from pydantic import BaseModel
 
+from webhook.core.runai_data import (
+    PoolMetrics,
+    PoolQuota,
+    RunaiData,
+    RunaiDepartment,
+    RunaiNodePool,
+    RunaiProject,
+)
 from webhook.core.validation import gpus_in_use, gpus_left, project_missing_message
-from webhook.runai.models import Department, GpuUsage, NodePool, NodePoolGpuQuota, NodePoolMetrics, Project
 from webhook.settings import quota_checked
-from webhook.snapshot import ClusterSnapshot, LeftProject, NamespaceInfo, RunaiProjectInfo
+from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
 
-# Status and warning codes. `status` is the most important code that applies, else OK.
-OK = "OK"
-RUNAI_DISABLED = "RUN_AI_DISABLED"  # integration off, namespace not bound: pod-cache numbers only
-BINDING_LEFT = "RUN_AI_BINDING_LEFT"  # integration off, namespace still labelled runai/queue
-NOT_BOUND = "RUN_AI_PROJECT_NOT_BOUND"  # integration on, namespace not bound yet (reading never binds)
-UNREACHABLE = "RUN_AI_UNREACHABLE"  # no fresh Run:ai data: numbers are from the last refresh, or absent
-PROJECT_MISSING = "RUN_AI_PROJECT_MISSING"  # runai/queue names a project Run:ai does not have
-NOT_KNOWN_YET = "RUN_AI_PROJECT_NOT_KNOWN_YET"  # bound after the last refresh, and no lookup answered
-DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
-PROJECTS_LEFT = "RUN_AI_PROJECTS_LEFT"  # admin view: namespaces deleted while off left Run:ai projects
-_SEVERITY = (BINDING_LEFT, NOT_BOUND, UNREACHABLE, PROJECT_MISSING, NOT_KNOWN_YET, DEPARTMENT_DRIFT)
+
+class GpuCode(StrEnum):
+    """Status and warning codes (the API's strings). `status` is the most important code that
+    applies, else OK; the scheduling offer branches on them."""
+
+    OK = "OK"
+    RUNAI_DISABLED = "RUN_AI_DISABLED"  # integration off, namespace not bound: pod-cache numbers only
+    BINDING_LEFT = "RUN_AI_BINDING_LEFT"  # integration off, namespace still labelled runai/queue
+    NOT_BOUND = "RUN_AI_PROJECT_NOT_BOUND"  # integration on, namespace not bound yet (reading never binds)
+    UNREACHABLE = "RUN_AI_UNREACHABLE"  # no fresh Run:ai data: numbers are from the last refresh, or absent
+    PROJECT_MISSING = "RUN_AI_PROJECT_MISSING"  # runai/queue names a project Run:ai does not have
+    NOT_KNOWN_YET = "RUN_AI_PROJECT_NOT_KNOWN_YET"  # bound after the last refresh, and no lookup answered
+    DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
+    PROJECTS_LEFT = "RUN_AI_PROJECTS_LEFT"  # admin view: namespaces deleted while off left Run:ai projects
+
+
+_SEVERITY = (
+    GpuCode.BINDING_LEFT,
+    GpuCode.NOT_BOUND,
+    GpuCode.UNREACHABLE,
+    GpuCode.PROJECT_MISSING,
+    GpuCode.NOT_KNOWN_YET,
+    GpuCode.DEPARTMENT_DRIFT,
+)
 
 
 # ---- answers (also the client's types) -----------------------------------------------------------
@@ -104,81 +122,6 @@ class GpuAvailability(BaseModel):
     warnings: list[GpuWarning] = []
 
 
-class AdminDepartment(BaseModel):
-    name: str
-    platform: bool  # a platform department: a label of some project namespace, or the default
-    linked: bool  # Run:ai has a department of this name; else shown "Not linked"
-    maps_to: str | None = None  # platform departments: the Run:ai department their projects go to
-    runai_id: str | None = None
-    quota: float | None = None  # summed over node pools; None when not linked
-    allocated: float | None = None
-    allocated_non_preemptible: float | None = None
-    requested: float | None = None
-
-
-class AdminProject(BaseModel):
-    namespace: str
-    department: str  # platform department (the label, else the default)
-    linked: bool  # bound and Run:ai has the project; else shown "Not linked"
-    runai_project: str | None = None
-    runai_project_id: str | None = None
-    runai_department: str | None = None  # where the Run:ai project is
-    expected_department: str | None = None  # where it belongs (Run:ai on)
-    created_by_platform: bool = False  # hopsworks.ai/runai-project-id names it: moves/deletes allowed
-    phase: str | None = None
-    quota: float | None = None  # summed over node pools
-    allocated: float | None = None
-    allocated_non_preemptible: float | None = None
-    requested: float | None = None
-    warnings: list[GpuWarning] = []
-
-
-class LeftInRunai(BaseModel):
-    """A Run:ai project this system created for a namespace that was deleted while the integration
-    was off, as the namespace said then (`webhook.runai.left`)."""
-
-    namespace: str
-    runai_project: str | None = None
-    runai_project_id: str | None = None  # None: its creation was unfinished
-    namespace_deleted_at: str
-    in_runai: bool | None = None  # None: cannot know now (Run:ai off or unreachable)
-
-
-class RunaiAdminView(BaseModel):
-    """`GET /api/v1/admin/runai`."""
-
-    status: str  # OK, RUN_AI_DISABLED or RUN_AI_UNREACHABLE
-    runai_enabled: bool
-    reachable: bool
-    default_department: str
-    departments: list[AdminDepartment] = []
-    projects: list[AdminProject] = []
-    left_in_runai: list[LeftInRunai] = []
-    warnings: list[GpuWarning] = []
-
-
-# ---- input ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunaiData:
-    """What the view reads of Run:ai: the directory's cached org units and one live metrics sample.
-
-    `projects`/`departments`/`node_pools` are None until the directory's first successful refresh.
-    """
-
-    reachable: bool = False
-    projects: Sequence[Project] | None = None
-    departments: Sequence[Department] | None = None
-    node_pools: Sequence[NodePool] | None = None
-    metrics: NodePoolMetrics | None = None
-    metrics_error: str | None = None  # why `metrics` is missing, when a fetch was tried
-
-    @property
-    def has_data(self) -> bool:
-        return self.projects is not None and self.departments is not None
-
-
 # ---- pieces ---------------------------------------------------------------------------------------
 
 
@@ -186,13 +129,13 @@ def platform_department(ns: NamespaceInfo, default: str) -> str:
     return ns.department or default
 
 
-def expected_department(ns: NamespaceInfo, default: str, departments: Iterable[Department]) -> str:
+def expected_department(ns: NamespaceInfo, default: str, departments: Iterable[RunaiDepartment]) -> str:
     """The Run:ai department named like the platform department when Run:ai has it, else the default."""
     wanted = platform_department(ns, default)
     return wanted if any(d.name == wanted for d in departments) else default
 
 
-def find_project(ns: NamespaceInfo, projects: Iterable[Project]) -> Project | None:
+def find_project(ns: NamespaceInfo, projects: Iterable[RunaiProject]) -> RunaiProject | None:
     """The Run:ai project the namespace's `runai/queue` label names (one bound to it preferred)."""
     queue = ns.runai_queue
     if queue is None:
@@ -201,21 +144,16 @@ def find_project(ns: NamespaceInfo, projects: Iterable[Project]) -> Project | No
     return next((p for p in named if p.bound_to(ns.name)), named[0] if named else None)
 
 
-def default_node_pool(project: Project | None, node_pools: Iterable[NodePool] | None) -> str | None:
-    """The project's first `defaultNodePools` entry, else the cluster's default node pool.
-
-    Run:ai's spec: a project's `defaultNodePools` is the order of node pools its workloads are
-    scheduled on when they name none, so its first entry is where a notebook's GPUs come from."""
-    if project is not None:
-        for source in (project.raw, project.raw.get("effective")):
-            pools = source.get("defaultNodePools") if isinstance(source, Mapping) else None
-            if isinstance(pools, list) and pools and isinstance(pools[0], str) and pools[0]:
-                return pools[0]
+def default_node_pool(project: RunaiProject | None, node_pools: Iterable[RunaiNodePool] | None) -> str | None:
+    """The project's first default node pool (where a notebook's GPUs come from), else the
+    cluster's default node pool."""
+    if project is not None and project.default_node_pool:
+        return project.default_node_pool
     return next((p.name for p in node_pools or () if p.is_default), None)
 
 
 def runai_project_info(
-    project: Project, namespace: str, node_pools: Iterable[NodePool] | None, sampled_at: float
+    project: RunaiProject, namespace: str, node_pools: Iterable[RunaiNodePool] | None, sampled_at: float
 ) -> RunaiProjectInfo:
     """The snapshot record of `project` that `validation.gpus_left` reads: deserved GPUs and
     Run:ai's non-preemptible allocation on the project's default node pool."""
@@ -225,7 +163,7 @@ def runai_project_info(
     else:
         quota = project.quota_on(pool)
         deserved = quota.deserved if quota is not None else 0.0
-        usage = _usage_on(project.usage_by_node_pool, project.usage, pool)
+        usage = project.usage_on(pool)
     return RunaiProjectInfo(
         id=project.id,
         name=project.name,
@@ -250,31 +188,16 @@ def pod_gpus(snapshot: ClusterSnapshot, namespace: str, now: float) -> PodGpus:
     return PodGpus(non_preemptible=gpus_in_use(snapshot, namespace, now), preemptible=preemptible)
 
 
-def _limit(quota: NodePoolGpuQuota | None) -> float | None:
+def _limit(quota: PoolQuota | None) -> float | None:
     # Run:ai writes "no limit" as null or -1.
     if quota is None or quota.limit is None or quota.limit < 0:
         return None
     return quota.limit
 
 
-def _usage_on(per_pool: Mapping[str, GpuUsage], summed: GpuUsage, pool: str) -> GpuUsage:
-    # Without a per-pool breakdown, Run:ai's sum is all there is.
-    return per_pool.get(pool, GpuUsage()) if per_pool else summed
-
-
-def _department_usage_by_pool(department: Department) -> dict[str, GpuUsage]:
-    status = department.raw.get("status")
-    entries = status.get("nodePoolQuotaStatuses") if isinstance(status, Mapping) else None
-    return {
-        str(e["nodePoolName"]): GpuUsage.from_api(e)
-        for e in entries or ()
-        if isinstance(e, Mapping) and e.get("nodePoolName")
-    }
-
-
-def _project_gpus(project: Project, pool: str | None) -> ProjectGpus:
+def _project_gpus(project: RunaiProject, pool: str | None) -> ProjectGpus:
     quota = project.quota_on(pool) if pool else None
-    usage = _usage_on(project.usage_by_node_pool, project.usage, pool) if pool else project.usage
+    usage = project.usage_on(pool) if pool else project.usage
     return ProjectGpus(
         name=project.name,
         id=project.id,
@@ -287,9 +210,9 @@ def _project_gpus(project: Project, pool: str | None) -> ProjectGpus:
     )
 
 
-def _department_gpus(department: Department, pool: str | None, expected: str) -> DepartmentGpus:
+def _department_gpus(department: RunaiDepartment, pool: str | None, expected: str) -> DepartmentGpus:
     quota = department.quota_on(pool) if pool else None
-    usage = _usage_on(_department_usage_by_pool(department), department.usage, pool) if pool else department.usage
+    usage = department.usage_on(pool) if pool else department.usage
     return DepartmentGpus(
         name=department.name,
         id=department.id,
@@ -303,7 +226,7 @@ def _department_gpus(department: Department, pool: str | None, expected: str) ->
     )
 
 
-def _node_pool_gpus(metrics: NodePoolMetrics) -> NodePoolGpus:
+def _node_pool_gpus(metrics: PoolMetrics) -> NodePoolGpus:
     unallocated = metrics.unallocated
     if unallocated is None and metrics.total is not None and metrics.allocated is not None:
         unallocated = max(0.0, metrics.total - metrics.allocated)
@@ -312,19 +235,19 @@ def _node_pool_gpus(metrics: NodePoolMetrics) -> NodePoolGpus:
     )
 
 
-def _status(warnings: list[GpuWarning], fallback: str = OK) -> str:
+def status_of(warnings: list[GpuWarning], fallback: str = GpuCode.OK) -> str:
     codes = [w.code for w in warnings]
     return next((c for c in _SEVERITY if c in codes), fallback)
 
 
-def _sorted(warnings: list[GpuWarning]) -> list[GpuWarning]:
+def sorted_warnings(warnings: list[GpuWarning]) -> list[GpuWarning]:
     order = {code: i for i, code in enumerate(_SEVERITY)}
     return sorted(warnings, key=lambda w: order.get(w.code, len(order)))
 
 
-def _binding_left(ns: NamespaceInfo) -> GpuWarning:
+def binding_left_warning(ns: NamespaceInfo) -> GpuWarning:
     return GpuWarning(
-        code=BINDING_LEFT,
+        code=GpuCode.BINDING_LEFT,
         message=(
             f"the Run:ai integration is off, but namespace {ns.name} is still bound to Run:ai project "
             f"{ns.runai_queue}, so Run:ai keeps scheduling its pods; remove the Run:ai project and the "
@@ -334,9 +257,9 @@ def _binding_left(ns: NamespaceInfo) -> GpuWarning:
     )
 
 
-def _drift(project: Project, actual: str, expected: str) -> GpuWarning:
+def drift_warning(project: RunaiProject, actual: str, expected: str) -> GpuWarning:
     return GpuWarning(
-        code=DEPARTMENT_DRIFT,
+        code=GpuCode.DEPARTMENT_DRIFT,
         message=(
             f"Run:ai project {project.name} is in Run:ai department {actual}, but the project belongs in "
             f"{expected}; a Run:ai administrator can move it"
@@ -346,14 +269,14 @@ def _drift(project: Project, actual: str, expected: str) -> GpuWarning:
     )
 
 
-def _project_not_found(ns: NamespaceInfo, snapshot: ClusterSnapshot) -> GpuWarning:
+def project_not_found_warning(ns: NamespaceInfo, snapshot: ClusterSnapshot) -> GpuWarning:
     """A bound namespace whose Run:ai project this replica's data does not show: gone from Run:ai
     (the refresh or a lookup saw that), or bound after the last refresh."""
     queue = ns.runai_queue or ""
     if snapshot.runai_missing.get(ns.name) == queue:
-        return GpuWarning(code=PROJECT_MISSING, message=project_missing_message(ns.name, queue), actual=queue)
+        return GpuWarning(code=GpuCode.PROJECT_MISSING, message=project_missing_message(ns.name, queue), actual=queue)
     return GpuWarning(
-        code=NOT_KNOWN_YET,
+        code=GpuCode.NOT_KNOWN_YET,
         message=(
             f"namespace {ns.name} was bound to Run:ai project {queue} after this server last read Run:ai; its "
             "numbers show after the next refresh"
@@ -362,16 +285,18 @@ def _project_not_found(ns: NamespaceInfo, snapshot: ClusterSnapshot) -> GpuWarni
     )
 
 
-def _unreachable(runai: RunaiData) -> GpuWarning | None:
+def unreachable_warning(runai: RunaiData) -> GpuWarning | None:
     if not runai.has_data:
-        return GpuWarning(code=UNREACHABLE, message="Run:ai control plane unreachable: no Run:ai data yet")
+        return GpuWarning(code=GpuCode.UNREACHABLE, message="Run:ai control plane unreachable: no Run:ai data yet")
     if not runai.reachable:
         return GpuWarning(
-            code=UNREACHABLE,
+            code=GpuCode.UNREACHABLE,
             message="Run:ai control plane unreachable: quota and allocation are from the last successful refresh",
         )
     if runai.metrics_error is not None:
-        return GpuWarning(code=UNREACHABLE, message=f"Run:ai node pool metrics unavailable: {runai.metrics_error}")
+        return GpuWarning(
+            code=GpuCode.UNREACHABLE, message=f"Run:ai node pool metrics unavailable: {runai.metrics_error}"
+        )
     return None
 
 
@@ -386,28 +311,28 @@ def project_gpu_view(
     pods = pod_gpus(snapshot, ns.name, now)
     if not settings.run_ai_enable:
         # No Run:ai call at all; a namespace still bound is the operator's to clean up.
-        warnings = [_binding_left(ns)] if ns.runai_queue else []
+        warnings = [binding_left_warning(ns)] if ns.runai_queue else []
         return GpuAvailability(
             namespace=ns.name,
-            status=_status(warnings, RUNAI_DISABLED),
+            status=status_of(warnings, GpuCode.RUNAI_DISABLED),
             runai_enabled=False,
             pod_gpus=pods,
             warnings=warnings,
         )
     runai = runai or RunaiData()
     warnings: list[GpuWarning] = []
-    if (problem := _unreachable(runai)) is not None:
+    if (problem := unreachable_warning(runai)) is not None:
         warnings.append(problem)
     departments = runai.departments or ()
     default = settings.run_ai_default_department
     expected = expected_department(ns, default, departments)
     by_id = {d.id: d for d in departments}
     project = find_project(ns, runai.projects or ())
-    department: Department | None
+    department: RunaiDepartment | None
     if ns.runai_queue is None:
         warnings.append(
             GpuWarning(
-                code=NOT_BOUND,
+                code=GpuCode.NOT_BOUND,
                 message=(
                     f"namespace {ns.name} is not bound to a Run:ai project yet; it is bound by the background "
                     "pass or on its first workload start"
@@ -417,10 +342,10 @@ def project_gpu_view(
         department = next((d for d in departments if d.name == expected), None)
     else:
         if project is None and runai.has_data:
-            warnings.append(_project_not_found(ns, snapshot))
+            warnings.append(project_not_found_warning(ns, snapshot))
         department = by_id.get(project.parent_id or "") if project is not None else None
         if project is not None and department is not None and department.name != expected:
-            warnings.append(_drift(project, department.name, expected))
+            warnings.append(drift_warning(project, department.name, expected))
     pool = default_node_pool(project, runai.node_pools) if runai.has_data else None
     project_gpus = _project_gpus(project, pool) if project is not None else None
     available_np: float | None = None
@@ -438,10 +363,10 @@ def project_gpu_view(
         available_p = max(0.0, node_pool_gpus.unallocated)
         if project_gpus is not None and project_gpus.limit is not None:
             available_p = min(available_p, max(0.0, project_gpus.limit - project_gpus.allocated))
-    warnings = _sorted(warnings)
+    warnings = sorted_warnings(warnings)
     return GpuAvailability(
         namespace=ns.name,
-        status=_status(warnings),
+        status=status_of(warnings),
         runai_enabled=True,
         project=project_gpus,
         department=_department_gpus(department, pool, expected) if department is not None else None,
@@ -457,139 +382,3 @@ def project_gpu_view(
 def _clean(value: float | None) -> float | None:
     # Fractions add up in floating point: 0.30000000000000004 helps no one.
     return None if value is None else round(value, 6) + 0.0
-
-
-# ---- the admin view -------------------------------------------------------------------------------
-
-
-def project_namespaces(snapshot: ClusterSnapshot) -> list[NamespaceInfo]:
-    return sorted((ns for ns in snapshot.namespaces.values() if ns.is_project), key=lambda ns: ns.name)
-
-
-def platform_departments(snapshot: ClusterSnapshot) -> set[str]:
-    """Distinct department labels of project namespaces, plus the default department."""
-    default = snapshot.settings.run_ai_default_department
-    return {platform_department(ns, default) for ns in project_namespaces(snapshot)} | {default}
-
-
-def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None, left: Sequence[LeftProject] = ()) -> RunaiAdminView:
-    """Every Run:ai department and platform department, every project namespace: linked or not; and
-    the Run:ai projects left by namespaces deleted while the integration was off."""
-    settings = snapshot.settings
-    default = settings.run_ai_default_department
-    enabled = settings.run_ai_enable
-    runai = runai if enabled and runai is not None else RunaiData()
-    departments = list(runai.departments or ())
-    by_name = {d.name: d for d in departments}
-    by_id = {d.id: d for d in departments}
-    platform = platform_departments(snapshot)
-    rows: list[AdminDepartment] = []
-    for name in sorted(platform | set(by_name)):
-        dept = by_name.get(name)
-        rows.append(
-            AdminDepartment(
-                name=name,
-                platform=name in platform,
-                linked=dept is not None,
-                maps_to=(name if dept is not None else default) if name in platform else None,
-                runai_id=dept.id if dept else None,
-                quota=dept.gpu_quota if dept else None,
-                allocated=dept.usage.allocated if dept else None,
-                allocated_non_preemptible=dept.usage.allocated_non_preemptible if dept else None,
-                requested=dept.usage.requested if dept else None,
-            )
-        )
-    projects: list[AdminProject] = []
-    for ns in project_namespaces(snapshot):
-        projects.append(_admin_project(ns, snapshot, runai, by_id, departments))
-    warnings: list[GpuWarning] = []
-    if enabled and (problem := _unreachable(runai)) is not None:
-        warnings.append(problem)
-    left_rows = _left_in_runai(left, runai if enabled and runai.reachable and runai.has_data else None)
-    if any(row.in_runai is not False for row in left_rows):
-        warnings.append(
-            GpuWarning(
-                code=PROJECTS_LEFT,
-                message=(
-                    "project namespaces were deleted while the Run:ai integration was off, leaving Run:ai projects "
-                    "this system created (left_in_runai); delete them in Run:ai, or turn the integration on and "
-                    "the leader deletes them"
-                ),
-            )
-        )
-    return RunaiAdminView(
-        status=_status(warnings, OK if enabled else RUNAI_DISABLED),
-        runai_enabled=enabled,
-        reachable=enabled and runai.reachable and runai.has_data,
-        default_department=default,
-        departments=rows,
-        projects=projects,
-        left_in_runai=left_rows,
-        warnings=warnings,
-    )
-
-
-def _left_in_runai(left: Sequence[LeftProject], runai: RunaiData | None) -> list[LeftInRunai]:
-    ids = {p.id for p in runai.projects or ()} if runai is not None else set()
-    rows = []
-    for record in left:
-        in_runai: bool | None = None
-        if runai is not None:
-            if record.runai_project_id:
-                in_runai = record.runai_project_id in ids
-            else:
-                in_runai = any(p.requested_namespace == record.namespace for p in runai.projects or ())
-        rows.append(
-            LeftInRunai(
-                namespace=record.namespace,
-                runai_project=record.runai_project,
-                runai_project_id=record.runai_project_id,
-                namespace_deleted_at=record.deleted_at,
-                in_runai=in_runai,
-            )
-        )
-    return rows
-
-
-def _admin_project(
-    ns: NamespaceInfo,
-    snapshot: ClusterSnapshot,
-    runai: RunaiData,
-    by_id: Mapping[str, Department],
-    departments: Sequence[Department],
-) -> AdminProject:
-    settings = snapshot.settings
-    default = settings.run_ai_default_department
-    row: dict[str, Any] = {"namespace": ns.name, "department": platform_department(ns, default), "linked": False}
-    warnings: list[GpuWarning] = []
-    if not settings.run_ai_enable:
-        if ns.runai_queue:
-            warnings.append(_binding_left(ns))
-            row["runai_project"] = ns.runai_queue
-        return AdminProject(**row, warnings=warnings)
-    expected = expected_department(ns, default, departments)
-    row["expected_department"] = expected
-    project = find_project(ns, runai.projects or ())
-    if ns.runai_queue is None:
-        warnings.append(GpuWarning(code=NOT_BOUND, message=f"namespace {ns.name} is not bound to Run:ai yet"))
-    elif project is None:
-        row["runai_project"] = ns.runai_queue
-        if runai.has_data:
-            warnings.append(_project_not_found(ns, snapshot))
-    else:
-        department = by_id.get(project.parent_id or "")
-        row.update(
-            linked=True,
-            runai_project=project.name,
-            runai_project_id=project.id,
-            runai_department=department.name if department else None,
-            created_by_platform=ns.runai_project_id == project.id,
-            phase=project.phase,
-            quota=project.gpu_quota,
-            allocated=project.usage.allocated,
-            allocated_non_preemptible=project.usage.allocated_non_preemptible,
-            requested=project.usage.requested,
-        )
-        if department is not None and department.name != expected:
-            warnings.append(_drift(project, department.name, expected))
-    return AdminProject(**row, warnings=_sorted(warnings))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from webhook.core.gpu_view import NOT_BOUND, NOT_KNOWN_YET, PROJECT_MISSING, GpuAvailability
+from webhook.core.gpu_view import GpuAvailability, GpuCode
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
 from webhook.settings import WORKLOAD_KINDS, quota_checked
 from webhook.snapshot import ClusterSnapshot
@@ -96,14 +96,14 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
 
     if not view.runai_enabled:
         return answer(True, False, "Run:ai is off: Kubernetes schedules GPUs")
-    if view.status == NOT_BOUND:
+    if view.status == GpuCode.NOT_BOUND:
         return answer(False, False, "the project is not bound to Run:ai yet: its workloads start once it is")
     if not quota_checked(kind):
         return answer(True, False, f"{kind}s are preemptible: not held to the deserved GPUs")
     codes = {w.code for w in view.warnings}
-    if project is None and PROJECT_MISSING in codes:
+    if project is None and GpuCode.PROJECT_MISSING in codes:
         return answer(False, False, "the project's Run:ai project no longer exists in Run:ai; see the GPU view")
-    if project is None and NOT_KNOWN_YET in codes:
+    if project is None and GpuCode.NOT_KNOWN_YET in codes:
         return answer(False, False, "the project was bound to Run:ai moments ago; try again in a few seconds")
     if project is None:
         return answer(True, False, "Run:ai's view of the project is missing: the quota is not checked here")

@@ -25,18 +25,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from webhook.core.gpu_view import (
-    GpuAvailability,
-    RunaiAdminView,
-    RunaiData,
-    admin_view,
-    find_project,
-    project_gpu_view,
-    view_node_pool,
-)
+from webhook.core.admin_view import RunaiAdminView, admin_view
+from webhook.core.gpu_view import GpuAvailability, find_project, project_gpu_view, view_node_pool
+from webhook.core.runai_data import RunaiData
 from webhook.http.auth import AuthError, Authorizer, bearer_token
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
+from webhook.runai.records import pool_metrics, runai_data
 from webhook.snapshot import LeftProject
 from webhook.state.store import ClusterState
 
@@ -216,7 +211,7 @@ class GpuViews:
     def runai_data(self) -> RunaiData | None:
         if self.directory is None or not self.state.settings.run_ai_enable:
             return None  # integration off: not a single call to Run:ai
-        return RunaiData(
+        return runai_data(
             reachable=self.directory.reachable,
             projects=self.directory.projects(),
             departments=self.directory.departments(),
@@ -255,7 +250,10 @@ class GpuViews:
         if data is not None and pool is not None and data.reachable:
             # A control plane the directory cannot reach gets no extra call from here.
             got = await self.metrics.get(pool)
-            data = replace(data, metrics=got) if isinstance(got, NodePoolMetrics) else replace(data, metrics_error=got)
+            if isinstance(got, NodePoolMetrics):
+                data = replace(data, metrics=pool_metrics(got))
+            else:
+                data = replace(data, metrics_error=got)
         return project_gpu_view(ns, snapshot, data, self._wall_clock())
 
     def admin(self, left: Sequence[LeftProject] = ()) -> RunaiAdminView | None:

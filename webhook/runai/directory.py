@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from webhook.core.gpu_view import runai_project_info
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
+from webhook.runai.records import node_pool_record, project_record
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait, wait_for_event
@@ -205,7 +206,7 @@ class RunaiDirectory:
         pools = (view.default_node_pool,) if view is not None and view.default_node_pool is not None else ()
         if sampled_at is None:
             sampled_at = view.refreshed_at if view is not None else 0.0
-        return runai_project_info(project, namespace, pools, sampled_at)
+        return runai_project_info(project_record(project), namespace, [node_pool_record(p) for p in pools], sampled_at)
 
     def note_project(self, namespace: str, project: Project, sampled_at: float | None = None) -> None:
         """A binder just bound `namespace` to `project`, or a lookup found it (at `sampled_at`):
