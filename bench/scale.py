@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import admission_review, realistic_pod
+from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
-from webhook.core.validation import validate_pod
 from webhook.settings import SETTINGS_CONFIGMAP
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState

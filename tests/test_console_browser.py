@@ -30,7 +30,7 @@ from tests.support.https import LOOPBACK, CertFiles, client_ssl_context, free_po
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, write_kubeconfig
-from webhook.core.validation import format_gpus
+from webhook.core.quota import format_gpus
 from webhook.runtime import Runtime, ServeOptions
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))

@@ -26,7 +26,7 @@ from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.reviews import owned_by, pod_review
 from webhook.core.decision import AdmissionHandler, Decision, Reason
-from webhook.core.validation import validate_pod
+from webhook.core.quota import validate_pod
 from webhook.kube.api import KubeApi
 from webhook.kube.watch import WatchTiming
 from webhook.quota import GpuReservations, configmap_name, validate_pods_handler

@@ -23,7 +23,7 @@ from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
-from webhook.core.validation import validate_pod
+from webhook.core.quota import validate_pod
 from webhook.kube.api import KubeApi
 from webhook.kube.leader import LeaseTiming
 from webhook.kube.watch import KubeWatcher, WatchTiming

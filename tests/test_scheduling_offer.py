@@ -25,8 +25,8 @@ from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, Scheduli
 from webhook.core.gpu_view import project_gpu_view
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import gpu_offer, offer_view
+from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
-from webhook.core.validation import validate_pod
 from webhook.http.auth import KubeAuthorizer
 from webhook.http.gpu_api import GpuViews
 from webhook.http.scheduling_api import scheduling_routes

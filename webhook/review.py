@@ -48,7 +48,7 @@ def request_for(document: dict[str, Any]) -> dict[str, Any]:
 
 def decide(request: dict[str, Any], state: ClusterState) -> tuple[Decision, dict[str, Any] | None]:
     """Mutation, then validation of the mutated pod, as the apiserver orders them."""
-    from webhook.core.validation import validate_pod
+    from webhook.core.quota import validate_pod
 
     snapshot = state.snapshot()
     mutation = mutate_pod(request, snapshot)

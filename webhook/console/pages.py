@@ -26,7 +26,7 @@ from webhook.console.session import Session, SessionError, Sessions, check_form
 from webhook.console.wording import advice
 from webhook.core.admin_view import AdminProject, RunaiAdminView
 from webhook.core.departments import department_name_error
-from webhook.core.validation import format_gpus
+from webhook.core.quota import format_gpus
 from webhook.http.admin_api import Mover, delete_department_answer, move_project_answer
 from webhook.http.auth import AuthError, Authorizer
 from webhook.http.gpu_api import NO_RUNAI_DATA, GpuViews

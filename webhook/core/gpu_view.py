@@ -6,7 +6,7 @@ and the time. Reading never binds anything.
 
 Numbers of the project view are for the project's default node pool (`view_node_pool`):
 
-* `available_non_preemptible` = max(0, `validation.gpus_left(...).left`), the very number admission
+* `available_non_preemptible` = max(0, `quota.gpus_left(...).left`), the very number admission
   checks against: deserved minus the larger of Run:ai's `allocatedNonPreemptible` and the pod
   cache's non-preemptible GPUs (running or waiting pods of any kind but jobs, plus reservations of
   admitted pods not yet seen). Run:ai counts only what it has allocated; admission also counts what
@@ -25,6 +25,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
+from webhook.core.quota import gpus_in_use, gpus_left, project_missing_message
 from webhook.core.runai_data import (
     PoolMetrics,
     PoolQuota,
@@ -33,7 +34,6 @@ from webhook.core.runai_data import (
     RunaiNodePool,
     RunaiProject,
 )
-from webhook.core.validation import gpus_in_use, gpus_left, project_missing_message
 from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
 
@@ -155,7 +155,7 @@ def default_node_pool(project: RunaiProject | None, node_pools: Iterable[RunaiNo
 def runai_project_info(
     project: RunaiProject, namespace: str, node_pools: Iterable[RunaiNodePool] | None, sampled_at: float
 ) -> RunaiProjectInfo:
-    """The snapshot record of `project` that `validation.gpus_left` reads: deserved GPUs and
+    """The snapshot record of `project` that `quota.gpus_left` reads: deserved GPUs and
     Run:ai's non-preemptible allocation on the project's default node pool."""
     pool = default_node_pool(project, node_pools)
     if pool is None:  # no pool known: the project's totals are the best there is

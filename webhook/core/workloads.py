@@ -15,8 +15,8 @@ from typing import Any
 
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.core.quota import EPSILON, check_quota, format_gpus
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import EPSILON, check_quota, format_gpus
 from webhook.settings import WorkloadKindRules, quota_checked
 from webhook.snapshot import ClusterSnapshot
 

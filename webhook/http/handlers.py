@@ -17,8 +17,8 @@ from typing import Any
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
+from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
-from webhook.core.validation import validate_pod
 from webhook.core.workloads import validate_workload
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations

@@ -17,8 +17,8 @@ from typing import Any
 
 from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
+from webhook.core.quota import validate_pod
 from webhook.core.scheduling import request_namespace
-from webhook.core.validation import validate_pod
 from webhook.quota.reservations import GpuReservations, reservation_need
 from webhook.state.store import ClusterState
 

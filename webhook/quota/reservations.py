@@ -26,8 +26,8 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import pod_gpu_request
+from webhook.core.quota import request_key, validate_pod
 from webhook.core.scheduling import pod_target
-from webhook.core.validation import request_key, validate_pod
 from webhook.kube.api import KubeApi, KubeConflict, KubeError
 from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
 from webhook.settings import quota_checked

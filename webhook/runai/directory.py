@@ -140,7 +140,7 @@ class RunaiDirectory:
             departments = await client.list_departments(cluster_id=cluster.uuid, call_path="background")
             pool = await client.default_node_pool(cluster.uuid, call_path="background")
             # Projects last, and the time taken after their answer: a pod the cache sees leave
-            # after it may still be in Run:ai's allocation (`validation.gpus_left` corrects that).
+            # after it may still be in Run:ai's allocation (`core.quota.gpus_left` corrects that).
             projects = await client.list_projects(cluster_id=cluster.uuid, call_path="background")
             sampled_at = time.time()
         except RunaiError as exc:

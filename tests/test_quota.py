@@ -13,7 +13,7 @@ from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_
 from tests.support.reviews import assert_decision, owned_by, pod_review
 from webhook.core.decision import Reason
 from webhook.core.kinds import parse_quantity
-from webhook.core.validation import format_gpus, gpus_in_use, gpus_left, validate_pod
+from webhook.core.quota import format_gpus, gpus_in_use, gpus_left, validate_pod
 from webhook.quota.reservations import DEFAULT_TTL_S
 from webhook.snapshot import GpuReservation, RunaiProjectInfo
 from webhook.state.store import FREED_RETENTION_S, ClusterState

@@ -3,7 +3,7 @@
 `validate_pod(request, snapshot, now)` never calls out. Binding happens in the mutating phase
 (`webhook.runai.admission`); here an unbound project, or a pod without its project's `runai/queue`
 label, is refused: such a pod did not pass Run:ai's admission (defence in depth for S5). What it
-cannot decide alone it says with a reason the shell acts on: `RunaiProjectNotKnownHere` (Run:ai
+cannot decide alone it says with a reason the shell acts on: `Reason.RUNAI_PROJECT_NOT_KNOWN_HERE` (Run:ai
 answers, but this replica has no record of the project yet, e.g. another replica bound it moments
 ago: look that one project up, or refuse and let the user retry).
 """
