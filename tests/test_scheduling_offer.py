@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.support.apps import cache_app
@@ -384,3 +386,34 @@ async def test_not_a_project_is_404_for_someone_who_may_look(https_server: Start
 
 def test_scheduler_fixture_is_what_the_universe_covers() -> None:
     assert set(SCHEDULER["available"]["affinity"]) == set(UNIVERSE["affinity"])
+
+
+async def test_workload_choices_as_query_parameters(served: Served) -> None:
+    ssl_context = ssl.create_default_context(cafile=served.ca_file)
+    headers = {"Authorization": "Bearer alice-token"}
+    url = f"{served.base_url}/api/v1/projects/fraud/scheduling"
+    async with aiohttp.ClientSession(headers=headers) as session:
+
+        async def get(**query: str) -> tuple[int, dict[str, Any]]:
+            async with session.get(url, params=query, ssl=ssl_context) as resp:
+                return resp.status, await resp.json()
+
+        status, body = await get(kind="notebook")
+        assert status == 200 and body["workload"] is None  # no choices: the answer as before
+        status, body = await get(kind="notebook", affinity=ZONE, queue="cpu", priorityClass="low")
+        assert status == 200, body
+        workload = body["workload"]
+        assert workload["affinity"] == {"value": [ZONE], "level": "workload"}
+        assert workload["anti_affinity"] == {"value": ["maintenance=true"], "level": "cluster"}
+        assert workload["priority_class"] == {"value": "low", "level": "workload"}
+        assert workload["queue"] == {"value": "cpu", "level": "workload"}
+        assert workload["topology"] == {"value": "host", "level": "project"}
+        assert workload["errors"] == []
+        status, body = await get(topology="rack")
+        assert status == 200 and body["workload"]["errors"] == [
+            "topology rack is not a topology unit; allowed: host, zone, region"
+        ]
+        status, body = await get(affinity="no-equals-sign")
+        assert status == 400 and "affinity" in str(body), body
+        status, body = await get(queue="q" * 300)
+        assert status == 400 and "queue: 300 characters" in str(body), body

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from webhook.core.choices import ResolvedChoices, ResolvedLabels, ResolvedName, WorkloadChoices, resolve_choices
 from webhook.core.gpu_view import GpuAvailability, GpuCode
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
 from webhook.settings import WORKLOAD_KINDS, quota_checked
@@ -61,6 +62,28 @@ class GpuOffer(BaseModel):
     reason: str
 
 
+class ChosenLabels(BaseModel):
+    value: list[str]
+    level: Level  # workload: its own choice
+
+
+class ChosenName(BaseModel):
+    value: str | None  # None: nothing is set
+    level: Level | None
+
+
+class WorkloadScheduling(BaseModel):
+    """What a workload with the given choices gets, each with the level it came from (`workload`
+    for its own choice); `errors` are the refusals admission would give."""
+
+    affinity: ChosenLabels
+    anti_affinity: ChosenLabels
+    priority_class: ChosenName
+    queue: ChosenName | None = None  # None: Kueue off
+    topology: ChosenName | None = None
+    errors: list[str] = []
+
+
 class SchedulingOfferView(BaseModel):
     """`GET /api/v1/projects/{namespace}/scheduling`."""
 
@@ -74,6 +97,9 @@ class SchedulingOfferView(BaseModel):
     topology: TopologyChoices | None = None
     gpus: GpuOffer
     notes: list[str] = []
+    # Only when the request gave choices (query parameters affinity, antiAffinity, priorityClass,
+    # queue, topology): how they resolve against this offer.
+    workload: WorkloadScheduling | None = None
 
 
 def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
@@ -115,7 +141,11 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
 
 
 def offer_view(
-    offer: SchedulingOffer, snapshot: ClusterSnapshot, gpus: GpuAvailability, kind: str | None = None
+    offer: SchedulingOffer,
+    snapshot: ClusterSnapshot,
+    gpus: GpuAvailability,
+    kind: str | None = None,
+    choices: WorkloadChoices | None = None,
 ) -> SchedulingOfferView:
     if kind is not None and kind not in WORKLOAD_KINDS:
         raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(WORKLOAD_KINDS)}")
@@ -155,6 +185,26 @@ def offer_view(
         topology=topology,
         gpus=gpu_offer(gpus, kind),
         notes=list(offer.notes),
+        workload=None if choices is None else workload_view(resolve_choices(offer, choices, kind)),
+    )
+
+
+def workload_view(resolved: ResolvedChoices) -> WorkloadScheduling:
+    def labels(r: ResolvedLabels) -> ChosenLabels:
+        return ChosenLabels(value=list(r.value), level=r.level)
+
+    def name(r: ResolvedName | None) -> ChosenName | None:
+        return None if r is None else ChosenName(value=r.value, level=r.level)
+
+    priority = name(resolved.priority_class)
+    assert priority is not None
+    return WorkloadScheduling(
+        affinity=labels(resolved.affinity),
+        anti_affinity=labels(resolved.anti_affinity),
+        priority_class=priority,
+        queue=name(resolved.queue),
+        topology=name(resolved.topology),
+        errors=resolved.errors,
     )
 
 

@@ -6,12 +6,13 @@ and the settings in it, and returns a Decision with the minimal JSON patch. It n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from webhook.core.choices import not_allowed, resolve_affinity, resolve_priority_class, resolve_queue, resolve_topology
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
@@ -120,11 +121,6 @@ def parse_label_list(raw: Any) -> list[str]:
     return items
 
 
-def _not_allowed(what: str, chosen: Iterable[str], allowed: Sequence[str], project: str) -> str:
-    listed = ", ".join(allowed) if allowed else "none"
-    return f"{what} {', '.join(chosen)} not available in project {project}; allowed: {listed}"
-
-
 @dataclass(slots=True)
 class _Mutation:
     """One pod's pass through the rules: what they read, and the patch, audit annotations,
@@ -190,23 +186,19 @@ def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -
     """The workload's affinity labels when it chose, else the offer's defaults (the project's,
     else the cluster's)."""
     chosen: list[list[str]] = []
-    for annotation, allowed, default, what in (
-        (AFFINITY_ANNOTATION, offer.affinity, offer.default_affinity, "affinity"),
-        (ANTI_AFFINITY_ANNOTATION, offer.anti_affinity, offer.default_anti_affinity, "anti-affinity"),
-    ):
-        if annotation not in target.annotations:
-            chosen.append(list(default))
-            continue
-        try:
-            values = parse_label_list(target.annotations[annotation])
-        except ValueError as exc:
-            errors.append(f"annotation {annotation}: {exc}")
-            chosen.append([])
-            continue
-        outside = [v for v in values if v not in allowed]
-        if outside:
-            errors.append(_not_allowed(what, outside, allowed, target.namespace.name))
-        chosen.append(values)
+    for annotation, anti in ((AFFINITY_ANNOTATION, False), (ANTI_AFFINITY_ANNOTATION, True)):
+        values: list[str] | None = None
+        if annotation in target.annotations:
+            try:
+                values = parse_label_list(target.annotations[annotation])
+            except ValueError as exc:
+                errors.append(f"annotation {annotation}: {exc}")
+                chosen.append([])
+                continue
+        resolved = resolve_affinity(offer, values, anti=anti)
+        if resolved.error:
+            errors.append(resolved.error)
+        chosen.append(list(resolved.value))
     return chosen[0], chosen[1]
 
 
@@ -345,10 +337,14 @@ def _priority(m: _Mutation) -> None:
         # So that class counts as not chosen and yields to the project default; a workload that
         # wants it anyway says so with the annotation.
         chosen = None
-    if chosen is not None and chosen not in allowed:
-        m.errors.append(_not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
+    if chosen is not None and not isinstance(chosen, str):  # what a hostile pod may write
+        m.errors.append(not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
         return
-    effective = chosen or m.offer.default_priority_class
+    resolved = resolve_priority_class(m.offer, chosen)
+    if resolved.error:
+        m.errors.append(resolved.error)
+        return
+    effective = resolved.value
     if effective is None:
         return
     priority_class = classes.get(effective)
@@ -369,10 +365,11 @@ def _kueue(m: _Mutation) -> None:
     ns = m.target.namespace.name
     existing_queues = m.snapshot.local_queues.get(ns, frozenset())
     chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
-    if chosen is not None and str(chosen) not in offer.queues:
-        m.errors.append(_not_allowed("queue", [str(chosen)], offer.queue_choices(), ns))
+    resolved = resolve_queue(offer, None if chosen is None else str(chosen), m.target.kind)
+    if resolved.error:
+        m.errors.append(resolved.error)
     elif chosen is None:
-        queue = offer.default_queue_for(m.target.kind)
+        queue = str(resolved.value)
         if queue not in existing_queues:
             m.warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
         m.patch.set_label(KUEUE_QUEUE_LABEL, queue)
@@ -382,10 +379,11 @@ def _kueue(m: _Mutation) -> None:
 
     units = offer.topologies
     chosen_unit = m.target.annotations.get(TOPOLOGY_ANNOTATION)
-    if chosen_unit is not None and str(chosen_unit) not in units:
-        m.errors.append(f"topology {chosen_unit} is not a topology unit; allowed: {', '.join(units)}")
+    topology = resolve_topology(offer, None if chosen_unit is None else str(chosen_unit))
+    if topology.error:
+        m.errors.append(topology.error)
         return
-    unit = chosen_unit or offer.default_topology
+    unit = topology.value
     if unit is None:
         return
     if unit not in units:
