@@ -39,10 +39,23 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
-from webhook.core.departments import department_name_error, runai_department_for
+from webhook.core.departments import department_name_error
+from webhook.core.moves import (
+    MoveFacts,
+    MoveWithIntent,
+    ReadRunaiDepartments,
+    ReadRunaiProject,
+    Refusal,
+    Refused,
+    RelabelOnly,
+    RunaiDepartmentRef,
+    RunaiProjectRef,
+    Unchanged,
+    plan_move,
+)
 from webhook.kube.api import KubeApi, KubeConflict, KubeError, KubeNotFound, Obj
 from webhook.runai.client import RunaiClient, RunaiError, RunaiNotFound, RunaiUnreachable
-from webhook.runai.models import Department, Project
+from webhook.runai.models import Project
 from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     DEPARTMENT_LABEL,
@@ -498,91 +511,51 @@ class DepartmentMover:
     async def _move_once(self, namespace: str, target: str | None, by: str) -> MoveResult:
         obj = await self._read_namespace(namespace)
         ns = NamespaceInfo.from_object(obj)
-        if not ns.is_project:
-            raise UnknownNamespace(f"{namespace} is not a project namespace (no {PROJECT_LABEL} label)")
-        if ns.deleting:
-            raise MoveInProgress(f"{namespace} is being deleted", namespace=namespace)
-        if MOVE_ANNOTATION in ns.annotations:
-            raise MoveInProgress(self._in_progress_message(namespace, obj), namespace=namespace)
-        source = ns.department
-        base = MoveResult(namespace, source, target, "label-only", "", runai_project=ns.runai_queue)
-        if source == target:
-            return replace(base, outcome="unchanged", message=f"{namespace} is already in {_label(target)}")
-        settings = self._cluster.settings
+        base = MoveResult(namespace, ns.department, target, "label-only", "", runai_project=ns.runai_queue)
+        # The decision is `core.moves.plan_move`; this reads what it asks for and carries it out.
+        facts = MoveFacts(ns, target, self._cluster.settings, self._runai_departments())
+        plan = plan_move(facts)
+        runai: RunaiClient | None = None
+        cluster_id = ""
+        if isinstance(plan, ReadRunaiDepartments):
+            runai = self._require_runai(namespace)
+            try:
+                cluster_id = await self._get_cluster_id(runai)
+                departments = await runai.list_departments(cluster_id=cluster_id)
+            except RunaiError as exc:
+                raise DependencyUnavailable(f"Run:ai: {exc}; nothing changed", namespace=namespace) from None
+            refs = [RunaiDepartmentRef(d.id, d.name) for d in departments]
+            facts = replace(facts, runai_departments=refs, busy_pods=self._busy_pods(namespace))
+            plan = plan_move(facts)
+        old: Project | None = None
+        if isinstance(plan, ReadRunaiProject):
+            assert runai is not None
+            try:
+                old = await runai.get_project(plan.project_id)
+            except RunaiNotFound:
+                old = None
+            except RunaiError as exc:
+                raise DependencyUnavailable(f"Run:ai: {exc}; nothing changed", namespace=namespace) from None
+            found = None if old is None else RunaiProjectRef(old.id, old.name, old.parent_id, old.bound_to(namespace))
+            facts = replace(facts, project=found, project_read=True)
+            plan = plan_move(facts)
 
-        if not settings.run_ai_enable or not ns.runai_queue:
-            why = "Run:ai is off" if not settings.run_ai_enable else "it is not bound to Run:ai yet"
-            drift = bool(settings.run_ai_enable is False and ns.runai_queue and ns.runai_project_id)
-            return await self._relabel(obj, base, f"nothing to move in Run:ai: {why}", drift=drift)
-        cached = self._runai_departments()
-        old_rd = runai_department_for(source, settings, cached)
-        new_rd = runai_department_for(target, settings, cached)
-        if old_rd is not None and old_rd == new_rd:
-            base = replace(base, runai_from=old_rd, runai_to=new_rd)
-            return await self._relabel(obj, base, f"nothing to move in Run:ai: both map to Run:ai department {old_rd}")
-        if not ns.runai_project_id:
-            base = replace(base, runai_from=old_rd, runai_to=new_rd)
-            return await self._relabel(
-                obj,
-                base,
-                f"the Run:ai project {ns.runai_queue} was adopted, not created by this system, so it stays in its "
-                "Run:ai department; the GPU view reports RUN_AI_DEPARTMENT_DRIFT until a Run:ai administrator "
-                "moves it",
-                drift=True,
-            )
-
-        runai = self._require_runai(namespace)
-        try:
-            cluster_id = await self._get_cluster_id(runai)
-            departments = await runai.list_departments(cluster_id=cluster_id)
-        except RunaiError as exc:
-            raise DependencyUnavailable(f"Run:ai: {exc}; nothing changed", namespace=namespace) from None
-        by_name = {d.name: d for d in departments}
-        old_rd = runai_department_for(source, settings, by_name)
-        new_rd = runai_department_for(target, settings, by_name)
-        base = replace(base, runai_from=old_rd, runai_to=new_rd)
-        if old_rd == new_rd:
-            return await self._relabel(obj, base, f"nothing to move in Run:ai: both map to Run:ai department {old_rd}")
-
-        busy = self._busy_pods(namespace)
-        if busy:
-            raise self._busy_error(namespace, busy)
-        try:
-            old = await runai.get_project(ns.runai_project_id)
-        except RunaiNotFound:
-            raise MoveError(
-                f"the Run:ai project {ns.runai_queue} (id {ns.runai_project_id}) recorded on {namespace} no longer "
-                "exists in Run:ai; nothing changed. Bind the namespace again (reconcile pass or workload start), "
-                "then move it",
-                namespace=namespace,
-            ) from None
-        except RunaiError as exc:
-            raise DependencyUnavailable(f"Run:ai: {exc}; nothing changed", namespace=namespace) from None
-        if not old.bound_to(namespace):
-            raise MoveError(
-                f"the Run:ai project with id {old.id} ({old.name}) is not bound to {namespace}; nothing changed",
-                namespace=namespace,
-            )
-        new_department = by_name.get(new_rd or "")
-        if new_department is None:
-            raise MoveError(
-                f"Run:ai has no department {new_rd} (run_ai_default_department must exist); nothing changed",
-                namespace=namespace,
-            )
-        if old.parent_id == new_department.id:
-            return await self._relabel(
-                obj, base, f"nothing to move in Run:ai: {old.name} is already in Run:ai department {new_rd}"
-            )
-        old_department = next((d for d in departments if d.id == old.parent_id), None)
-        base = replace(base, runai_from=old_department.name if old_department else old.parent_id)
+        if isinstance(plan, Unchanged):
+            return replace(base, outcome="unchanged", message=plan.message)
+        if isinstance(plan, RelabelOnly):
+            base = replace(base, runai_from=plan.runai_from, runai_to=plan.runai_to)
+            return await self._relabel(obj, base, plan.message, drift=plan.drift)
+        if isinstance(plan, Refused):
+            raise self._refusal(plan, namespace, obj, facts)
+        assert isinstance(plan, MoveWithIntent) and runai is not None and old is not None, plan
 
         now = _now_rfc3339(self._clock)
         intent = MoveIntent(
             id=uuid.uuid4().hex,
-            from_department=source,
+            from_department=ns.department,
             to_department=target,
-            runai_from=_ref(old_department, old.parent_id),
-            runai_to=_ref(new_department, new_department.id),
+            runai_from=_ref(plan.runai_from, old.parent_id),
+            runai_to=_ref(plan.runai_to, plan.runai_to.id),
             cluster_id=cluster_id,
             project={k: old.raw[k] for k in _SNAPSHOT_FIELDS if old.raw.get(k) is not None},
             phase="started",
@@ -603,6 +576,19 @@ class DepartmentMover:
             return await self._run(namespace, intent, runai)
         finally:
             self._active.discard(namespace)
+
+    def _refusal(self, plan: Refused, namespace: str, obj: Obj, facts: MoveFacts) -> MoveError:
+        if plan.why is Refusal.NOT_A_PROJECT:
+            return UnknownNamespace(plan.message)
+        if plan.why is Refusal.INVALID_DEPARTMENT:
+            return InvalidDepartment(plan.message, namespace=namespace)
+        if plan.why is Refusal.DELETING:
+            return MoveInProgress(plan.message, namespace=namespace)
+        if plan.why is Refusal.IN_PROGRESS:
+            return MoveInProgress(self._in_progress_message(namespace, obj), namespace=namespace)
+        if plan.why is Refusal.BUSY:
+            return self._busy_error(namespace, list(facts.busy_pods))
+        return MoveError(plan.message, namespace=namespace)
 
     async def _run(self, namespace: str, intent: MoveIntent, runai: RunaiClient) -> MoveResult:
         # The delete is the one step that cannot be undone as it was: check, with a fresh
@@ -971,7 +957,7 @@ def _taken_over(namespace: str) -> MovePending:
     return MovePending(f"the move of {namespace} was taken over by another process", namespace=namespace)
 
 
-def _ref(department: Department | None, fallback_id: str | None) -> dict[str, str]:
+def _ref(department: RunaiDepartmentRef | None, fallback_id: str | None) -> dict[str, str]:
     if department is None:
         return {"id": str(fallback_id or ""), "name": str(fallback_id or "")}
     return {"id": department.id, "name": department.name}
