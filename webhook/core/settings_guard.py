@@ -92,8 +92,10 @@ def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapsh
         return Decision.deny(
             f"{SETTINGS_CONFIGMAP}: {exclusion}; set kueue_installed to false, or turn Run:ai off through "
             "the installation first",
-            code=422,
-            reason=Reason.INVALID,
+            # A policy refusal (G1), not a malformed object: 403 also makes `kubectl edit` print this
+            # message, where for 422 it prints only that the object "is invalid".
+            code=403,
+            reason=Reason.FORBIDDEN,
         )
 
     warnings: list[str] = []
