@@ -35,8 +35,9 @@ def validate_pods_handler(
     clock: Callable[[], float] = time.time,
     lookup: Lookup | None = None,
 ) -> AdmissionHandler:
-    """The pure decision; an unbound project is bound first (not on dryRun) and decided again; an
-    admitted GPU pod of a checked kind then reserves its GPUs, which may still refuse it when
+    """The pure decision (binding happens earlier, in `/mutate/pods`; an unbound project is refused
+    here); a project bound since this replica's last Run:ai refresh is looked up and decided again;
+    an admitted GPU pod of a checked kind then reserves its GPUs, which may still refuse it when
     another replica took them in the meantime."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
