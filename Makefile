@@ -16,7 +16,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint bench bench-instructions certs venv clean e2e e2e-kind FORCE
+.PHONY: run test lint typecheck bench bench-instructions certs venv clean e2e e2e-kind FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -43,9 +43,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Types (mypy --strict) and the import-layer contracts (import-linter); both configured in pyproject.toml.
+typecheck: $(STAMP)
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+
+# The static checks first (seconds): lint, types, the import-layer contracts. Then the suite;
 # pytest exits 5 when it collected nothing: that must fail, never pass silently.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest ran no tests"; exit 1; fi; exit $$rc
 

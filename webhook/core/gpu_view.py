@@ -241,7 +241,7 @@ def status_of(warnings: list[GpuWarning], fallback: str = GpuCode.OK) -> str:
 
 
 def sorted_warnings(warnings: list[GpuWarning]) -> list[GpuWarning]:
-    order = {code: i for i, code in enumerate(_SEVERITY)}
+    order: dict[str, int] = {code: i for i, code in enumerate(_SEVERITY)}
     return sorted(warnings, key=lambda w: order.get(w.code, len(order)))
 
 
@@ -311,7 +311,7 @@ def project_gpu_view(
     pods = pod_gpus(snapshot, ns.name, now)
     if not settings.run_ai_enable:
         # No Run:ai call at all; a namespace still bound is the operator's to clean up.
-        warnings = [binding_left_warning(ns)] if ns.runai_queue else []
+        warnings: list[GpuWarning] = [binding_left_warning(ns)] if ns.runai_queue else []
         return GpuAvailability(
             namespace=ns.name,
             status=status_of(warnings, GpuCode.RUNAI_DISABLED),
@@ -320,7 +320,7 @@ def project_gpu_view(
             warnings=warnings,
         )
     runai = runai or RunaiData()
-    warnings: list[GpuWarning] = []
+    warnings = []
     if (problem := unreachable_warning(runai)) is not None:
         warnings.append(problem)
     departments = runai.departments or ()

@@ -111,14 +111,17 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
     whose Run:ai project is gone from Run:ai, or not known here yet, gets none: admission refuses
     those too."""
     project = view.project
-    common = {
-        "deserved": project.quota if project is not None else None,
-        "available_non_preemptible": view.available_non_preemptible,
-        "status": view.status,
-    }
+    deserved = project.quota if project is not None else None
 
     def answer(allowed: bool, checked: bool, reason: str) -> GpuOffer:
-        return GpuOffer(allowed=allowed, quota_checked=checked, reason=reason, **common)
+        return GpuOffer(
+            allowed=allowed,
+            quota_checked=checked,
+            reason=reason,
+            deserved=deserved,
+            available_non_preemptible=view.available_non_preemptible,
+            status=view.status,
+        )
 
     if not view.runai_enabled:
         return answer(True, False, "Run:ai is off: Kubernetes schedules GPUs")

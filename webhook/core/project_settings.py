@@ -312,7 +312,7 @@ def read_project_scheduling(
         raise ProjectSettingsError("; ".join(problems.errors))
 
     # Which defaults the project's annotation set, before the cluster's defaults fill the gaps.
-    from_project = {key for key in ("affinity", "antiAffinity") if key in chosen}
+    from_project: set[str] = {key for key in ("affinity", "antiAffinity") if key in chosen}
     from_project.update(
         key
         for key, value in (("priorityClass", project_pc), ("queue", project_queue), ("topology", project_topology))

@@ -281,7 +281,7 @@ def _inject_node_affinity(
             continue
         for group in groups:
             combined = list(expressions)
-            seen = set(present)
+            seen: set[tuple[Any, ...] | None] = set(present)
             for expression in ([group] if group else []) + excluded:
                 key = _expression_key(expression)
                 if key not in seen:
