@@ -12,8 +12,11 @@ is there. Whoever finds an intent whose holder has gone quiet (`recover`, `recov
 leader's reconciler) looks at what Run:ai holds under the project's name and finishes the move or
 rolls it back, so a Run:ai project is never lost, duplicated or left unbound.
 
-Over ~450 lines for now: the saga's first step still decides the move itself; that pure plan moves
-to `webhook.core.moves` (issue 11), which leaves the saga here.
+Over ~450 lines, on purpose for now: what to do is decided by the pure `webhook.core.moves.plan_move`;
+what is left here is one state machine (intent and lock, delete, create, roll back, recover a move
+whose holder died, and the department delete that repeats the move) whose forward steps and recovery
+read and write the same intent record and must change together. Splitting recovery into its own
+module is the next step once the intent record has its own small module.
 
 Intent annotation, JSON:
     {"v": 1, "id": "<uuid of this move>", "from": "<label or null>", "to": "<label or null>",
