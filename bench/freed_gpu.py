@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import pod_review
@@ -37,12 +37,8 @@ async def measure(rounds: int) -> tuple[list[float], list[float]]:
             for obj in (
                 namespace("hopsworks", project=False),
                 priority_class("normal", 10000),
-                settings_configmap(
-                    run_ai_enable=True,
-                    run_ai_url=runai.url,
-                    run_ai_client_id=runai.client_id,
-                    run_ai_client_secret_name="runai-hopsworks",
-                    run_ai_client_secret_key="clientSecret",
+                runai_settings_configmap(
+                    runai,
                 ),
             ):
                 emu.create_object(obj)

@@ -25,7 +25,7 @@ import pytest
 from selenium.webdriver.common.keys import Keys
 
 from tests.support.browser import Browser, Page, missing_browser, start_browser
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import LOOPBACK, CertFiles, client_ssl_context, free_port, make_cert_files, wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
@@ -276,12 +276,8 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIt
             namespace("hopsworks", project=False),
             priority_class("low", 1000, "Never"),
             priority_class("normal", 10000),
-            settings_configmap(
-                run_ai_enable=True,
-                run_ai_url=runai.url,
-                run_ai_client_id=runai.client_id,
-                run_ai_client_secret_name="runai-hopsworks",
-                run_ai_client_secret_key="clientSecret",
+            runai_settings_configmap(
+                runai,
                 run_ai_project_gpu_quota=2,
                 run_ai_reconcile_interval_s=1,
             ),

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, pod_review
@@ -36,12 +36,8 @@ async def cluster() -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
         for obj in (
             namespace("hopsworks", project=False),
             priority_class("normal", 10000),
-            settings_configmap(
-                run_ai_enable=True,
-                run_ai_url=runai.url,
-                run_ai_client_id=runai.client_id,
-                run_ai_client_secret_name="runai-hopsworks",
-                run_ai_client_secret_key="clientSecret",
+            runai_settings_configmap(
+                runai,
                 run_ai_reconcile_interval_s=1,
             ),
         ):

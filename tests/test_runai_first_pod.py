@@ -23,7 +23,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support.admission_chain import AdmissionChain, Services
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import HttpsServer, make_cert_files, start_https_server, wait_until
 from tests.support.kube_emulator import PODS, KubeEmulator, Obj
 from tests.support.runai_standin import RunaiStandin
@@ -61,12 +61,8 @@ async def platform(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
         emu.add_service_account(TOKEN, INSTALL_NS, "scheduling-webhook")
         emu.add_user(USER_TOKEN, "alice", ["system:authenticated"])
-        settings = settings_configmap(
-            run_ai_enable=True,
-            run_ai_url=runai.url,
-            run_ai_client_id=runai.client_id,
-            run_ai_client_secret_name="runai-hopsworks",
-            run_ai_client_secret_key="clientSecret",
+        settings = runai_settings_configmap(
+            runai,
             run_ai_project_gpu_quota=2,
             run_ai_reconcile_interval_s=3600,
         )

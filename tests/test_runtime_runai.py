@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
@@ -26,12 +26,8 @@ SECRET = "standin-client-secret"
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
     async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("vision-dept")
-        settings = settings_configmap(
-            run_ai_enable=True,
-            run_ai_url=runai.url,
-            run_ai_client_id=runai.client_id,
-            run_ai_client_secret_name="runai-hopsworks",
-            run_ai_client_secret_key="clientSecret",
+        settings = runai_settings_configmap(
+            runai,
             run_ai_project_gpu_quota=1,
             run_ai_reconcile_interval_s=1,
         )

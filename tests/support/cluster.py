@@ -69,6 +69,19 @@ def settings_configmap(install_namespace: str = "hopsworks", **flat: Any) -> dic
     }
 
 
+def runai_settings_configmap(runai: Any, install_namespace: str = "hopsworks", **flat: Any) -> dict[str, Any]:
+    """The settings with Run:ai on and pointed at a stand-in (its URL and client id; the secret read
+    from the `runai-hopsworks` Secret's `clientSecret`, as the README's install names them)."""
+    connection = {
+        "run_ai_enable": True,
+        "run_ai_url": runai.url,
+        "run_ai_client_id": runai.client_id,
+        "run_ai_client_secret_name": "runai-hopsworks",
+        "run_ai_client_secret_key": "clientSecret",
+    }
+    return settings_configmap(install_namespace, **{**connection, **flat})
+
+
 def local_queue(namespace_name: str, name: str) -> dict[str, Any]:
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta1",
