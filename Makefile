@@ -16,7 +16,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-instructions certs venv clean e2e e2e-kind FORCE
+.PHONY: run test lint typecheck bench bench-instructions certs venv clean e2e e2e-kind peers FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -74,6 +74,12 @@ bench: $(STAMP)
 bench-instructions: $(STAMP)
 	@command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind"; exit 2; }
 	$(BIN)/python -m bench.instructions $(BENCH_ARGS)
+
+# The real peers the tests run against (kube-apiserver, etcd, controllers, kubectl, kwok, ...), built
+# from the Go modules pinned under hack/peers/ into $(PEERS_DIR)/bin; a second run builds nothing.
+PEERS_DIR ?= .peers
+peers:
+	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh $(PEERS)
 
 # Keeps certs/cluster: that CA is what a cluster trusts.
 clean:

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the real peers the tests run against (kube-apiserver, etcd, kubectl, kwok, ...) from
+# their Go modules: one folder under hack/peers/ per Go module of ours, pinned by its go.mod and
+# go.sum, listing what it builds in `binaries` (name, package) and its linker flags in `ldflags`.
+# Each module stays on its own so that MVS never raises one peer's dependencies for another.
+#
+#   hack/peers/build.sh [MODULE ...]     (default: every module)
+#
+# Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
+# unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
+# binaries are all there is not built again: a second run builds nothing and calls no go command.
+set -euo pipefail
+cd "$(dirname "$0")"
+PEERS_HACK=$PWD
+PEERS_DIR=${PEERS_DIR:-$PEERS_HACK/../../.peers}
+mkdir -p "$PEERS_DIR/bin" "$PEERS_DIR/stamps"
+PEERS_DIR=$(cd "$PEERS_DIR" && pwd)
+
+say() { printf 'peers: %s\n' "$*" >&2; }
+die() { say "$*"; exit 2; }
+
+command -v go >/dev/null || die "no Go toolchain on PATH: the test control plane is built from Go modules (Go 1.25 or newer, https://go.dev/dl)"
+GO_VERSION=$(go env GOVERSION)
+
+# The name `go build` gives a package's binary: its last path element, or the one before a /vN.
+default_name() {
+  local pkg=$1 last=${1##*/}
+  if [[ $last =~ ^v[0-9]+$ ]]; then pkg=${pkg%/*}; last=${pkg##*/}; fi
+  printf '%s' "$last"
+}
+
+build_module() {
+  local module=$1 dir=$PEERS_HACK/$1
+  [ -f "$dir/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
+  local names=() pkgs=()
+  while read -r name pkg _; do
+    [[ -z ${name:-} || $name == \#* ]] && continue
+    names+=("$name"); pkgs+=("$pkg")
+  done < "$dir/binaries"
+  local ldflags=""
+  [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
+  local stamp
+  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/binaries"; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  local missing=0
+  for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
+  if [ $missing -eq 0 ] && [ "$(cat "$PEERS_DIR/stamps/$module" 2>/dev/null)" = "$stamp" ]; then
+    say "$module: up to date (${names[*]})"
+    return
+  fi
+  say "$module: downloading modules (GOPROXY=$(go env GOPROXY))"
+  local err
+  if ! err=$(cd "$dir" && go mod download 2>&1); then
+    die "$module: cannot download its Go modules from GOPROXY=$(go env GOPROXY): $(printf '%s' "$err" | grep -m1 -v '^go: downloading')"
+  fi
+  local out="$PEERS_DIR/bin/.build-$module" start=$SECONDS
+  rm -rf "$out"; mkdir -p "$out"
+  say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
+  # -v names each package as it is compiled: counted here into a progress line.
+  set +e
+  ( cd "$dir" && CGO_ENABLED=0 go build -v -trimpath -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
+    awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
+  local rc=${PIPESTATUS[0]}
+  set -e
+  [ "$rc" -eq 0 ] || die "$module: go build failed (exit $rc); its output is above"
+  for i in "${!names[@]}"; do
+    mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
+  done
+  rm -rf "$out"
+  printf '%s\n' "$stamp" > "$PEERS_DIR/stamps/$module"
+  say "$module: built in $((SECONDS - start)) s into $PEERS_DIR/bin"
+}
+
+modules=("$@")
+if [ ${#modules[@]} -eq 0 ]; then
+  for f in "$PEERS_HACK"/*/go.mod; do modules+=("$(basename "$(dirname "$f")")"); done
+fi
+for m in "${modules[@]}"; do build_module "$m"; done
