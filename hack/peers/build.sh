@@ -6,6 +6,9 @@
 #
 #   hack/peers/build.sh [MODULE ...]     (default: every module)
 #
+# A module may also list in `files` data the tests read from a dependency (a module, a path in it,
+# a folder under $PEERS_DIR/share): CRDs, stage configs, charts.
+#
 # Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
 # unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
 # binaries are all there is not built again: a second run builds nothing and calls no go command.
@@ -40,7 +43,7 @@ build_module() {
   local ldflags=""
   [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/binaries"; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/binaries"; cat "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
   for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
   if [ $missing -eq 0 ] && [ "$(cat "$PEERS_DIR/stamps/$module" 2>/dev/null)" = "$stamp" ]; then
@@ -66,8 +69,23 @@ build_module() {
     mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
   done
   rm -rf "$out"
+  copy_files "$module" "$dir"
   printf '%s\n' "$stamp" > "$PEERS_DIR/stamps/$module"
   say "$module: built in $((SECONDS - start)) s into $PEERS_DIR/bin"
+}
+
+copy_files() {
+  local module=$1 dir=$2
+  [ -f "$dir/files" ] || return 0
+  while read -r mod path dest _; do
+    [[ -z ${mod:-} || $mod == \#* ]] && continue
+    local src
+    src=$(cd "$dir" && go list -m -f '{{.Dir}}' "$mod")
+    [ -e "$src/$path" ] || die "$module: $mod has no $path"
+    rm -rf "$PEERS_DIR/share/$dest"; mkdir -p "$PEERS_DIR/share/$dest"
+    cp -R "$src/$path/." "$PEERS_DIR/share/$dest/"
+    chmod -R u+w "$PEERS_DIR/share/$dest"
+  done < "$dir/files"
 }
 
 modules=("$@")
