@@ -60,7 +60,7 @@ build_module() {
   say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
   # -v names each package as it is compiled: counted here into a progress line.
   set +e
-  ( cd "$dir" && CGO_ENABLED=0 go build -v -trimpath -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
+  ( cd "$dir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
     awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
   local rc=${PIPESTATUS[0]}
   set -e
