@@ -38,8 +38,14 @@ CASES = [
     ("priority class outside the subset", {}, "churn", None, WorkloadChoices(priority_class="high"), {
         "priority_class": {"value": None, "level": None},
         "errors": ["priority class high not available in project churn; allowed: low, normal"]}),
-    ("kueue: queue and topology chosen", KUEUE, "churn", None, WorkloadChoices(queue="team", topology="zone"), {
-        "queue": {"value": "team", "level": "workload"}, "topology": {"value": "zone", "level": "workload"}}),
+    ("kueue: queue and topology chosen", KUEUE, "churn", None, WorkloadChoices(queue="default", topology="zone"), {
+        "queue": {"value": "default", "level": "workload"}, "topology": {"value": "zone", "level": "workload"},
+        "errors": []}),
+    ("kueue: a unit the chosen queue's Topology lacks", KUEUE, "churn", None,
+     WorkloadChoices(queue="team", topology="zone"), {
+        "queue": {"value": "team", "level": "workload"}, "topology": {"value": None, "level": None},
+        "errors": ["topology zone (topology.kubernetes.io/zone) is not a level of the Topology behind queue team "
+                   "(ClusterQueue cq-hosts); it offers: host"]}),
     ("kueue: the project's default queue and topology", KUEUE, "fraud", "notebook", WorkloadChoices(), {
         "queue": {"value": "gpu", "level": "project"}, "topology": {"value": "host", "level": "project"}}),
     ("kueue: a system job's default is the system queue", KUEUE, "fraud", "system-job", WorkloadChoices(), {
@@ -48,6 +54,10 @@ CASES = [
      WorkloadChoices(queue="team", topology="rack"), {
         "errors": ["queue team not available in project fraud; allowed: gpu, cpu",
                    "topology rack is not a topology unit; allowed: host, zone, region"]}),
+    ("kueue: a queue the project lists but that is no LocalQueue here", KUEUE, "fraud", None,
+     WorkloadChoices(queue="cpu"), {
+        "queue": {"value": None, "level": None},
+        "errors": ["queue cpu is not a LocalQueue of namespace fraud; LocalQueues there: gpu"]}),
     ("kueue off: no queue, no topology", {}, "churn", None, WorkloadChoices(queue="team"), {
         "queue": None, "topology": None, "errors": []}),
 ]  # fmt: skip
@@ -110,7 +120,7 @@ def test_resolution_is_what_admission_applies(settings: dict[str, Any], name: st
     snap = st.snapshot()
     offer = scheduling_offer(snap.namespaces[name], snap)
     for choices in _single_choices():
-        resolved = resolve_choices(offer, choices)
+        resolved = resolve_choices(offer, choices, snap)
         review = _review(name, choices)
         decision = mutate_pod(review["request"], snap)
         if not offer.kueue and (choices.queue or choices.topology):

@@ -7,6 +7,7 @@ the real DepartmentMover against the Run:ai stand-in (as in test_admin_api). The
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from tests.support.apps import cache_app
-from tests.support.cluster import namespace, settings_configmap
+from tests.support.cluster import cluster_queue, kueue_setup, local_queue, namespace, settings_configmap
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
 from tests.test_departments import Env, environment
@@ -30,6 +31,7 @@ from webhook.console.wording import advice
 from webhook.core.gpu_view import GpuWarning
 from webhook.http.auth import AccessCheck, KubeAuthorizer
 from webhook.http.gpu_api import GpuViews
+from webhook.http.scheduling_api import project_offer
 from webhook.runai.client import RunaiError
 from webhook.runai.folder_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
 from webhook.snapshot import DEPARTMENT_LABEL
@@ -166,6 +168,41 @@ async def test_every_value_is_escaped(served: Served) -> None:
     assert resp.status == 200
     assert "<script>alert" not in page
     assert "x=&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in page
+
+
+async def test_the_project_page_shows_each_queue_as_the_scheduling_api_does(served: Served) -> None:
+    state = served.env.state
+    state.apply(settings_configmap(kueue_installed=True))
+    state.apply(namespace("p2", labels={DEPARTMENT_LABEL: "ml"}))
+    for obj in [
+        *kueue_setup(),
+        cluster_queue("cq", cohort="research", usage={"default": {"cpu": "6", "nvidia.com/gpu": "2"}}, pending=4),
+        local_queue("p2", "default"),
+        local_queue("p2", "orphan", "nowhere"),
+    ]:
+        state.apply(obj)
+    offer = await project_offer(GpuViews(state, None), "p2", "notebook")
+    assert offer.queue is not None and len(offer.queue.queues) == 2
+    await served.sign_in()
+    async with served.srv.session.get(served.url("/ui/projects/p2")) as resp:
+        page = await resp.text()
+    assert resp.status == 200
+    for view in offer.queue.queues:
+        row = re.search(rf'<tr data-queue="{view.name}">(.*?)</tr>', page, re.S)
+        assert row, view.name
+        cells = row.group(1)
+        assert f'data-field="cluster_queue">{view.cluster_queue}' in cells
+        assert f'data-field="cohort">{view.cohort or "none"}' in cells
+        shown = "—" if view.pending_workloads is None else str(view.pending_workloads)
+        assert f'data-field="pending_workloads">{shown}' in cells
+        assert re.findall(r"<li data-unit>([^<]*)</li>", cells) == view.topologies
+        for flavor in view.flavors:
+            for resource, quota in flavor.nominal_quota.items():
+                assert f"{resource} {flavor.usage.get(resource, '0')} of {quota}" in cells
+        assert [
+            html.unescape(p) for p in re.findall(r"<p class=\"detail\" data-problem>([^<]*)</p>", cells)
+        ] == view.problems
+    assert "nvidia.com/gpu 2 of 8" in page and "cpu 6 of 32" in page
 
 
 # ---- the folder mode's Run:ai snapshot ------------------------------------------------------------

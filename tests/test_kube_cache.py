@@ -18,6 +18,11 @@ from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher, default_watches
 
 INSTALL_NS = "hopsworks"
+# Every kind the caches watch (each one list-then-watch loop, so one open watch each).
+WATCHED = {
+    "Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "ClusterQueue", "ResourceFlavor", "Topology",
+    "ReplicaSet", "Pod",
+}  # fmt: skip
 FAST = WatchTiming(page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
 
 
@@ -50,7 +55,7 @@ def pod(ns: str, name: str, gpus: int = 0, phase: str = "Running") -> dict[str, 
 
 
 def local_queue(ns: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": name, "namespace": ns}}
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": name, "namespace": ns}}
 
 
 def pod_names(state: ClusterState) -> set[str]:
@@ -92,7 +97,7 @@ async def test_initial_sync_fills_the_store_and_sets_readiness(
     assert not state.ready()
 
     await watcher.start()
-    assert set(state.synced) == {"Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod"}
+    assert set(state.synced) == WATCHED
     assert await watcher.wait_synced(5)
     assert state.ready()
     assert set(state.namespaces) == {"default", INSTALL_NS, "churn", "other"}
@@ -159,18 +164,18 @@ async def test_dropped_watches_resume_without_a_relist(
 ) -> None:
     await watcher.start()
     assert await watcher.wait_synced(5)
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     lists_before = len(kube.calls("GET", watch=False))
     errors_before = metric("webhook_watch_restarts_total", kind="Namespace", reason="error")
     added_before = metric("webhook_watch_events_total", kind="Namespace", type="ADDED")
     kube.put_object(namespace("before-drop"))
     await eventually(lambda: "before-drop" in state.namespaces)
 
-    assert kube.drop_watches() == 5
+    assert kube.drop_watches() == len(WATCHED)
     kube.put_object(namespace("after-drop"))  # while the watches reconnect: must not be missed
     kube.put_object(pod(INSTALL_NS, "after-drop"))
     await eventually(lambda: "after-drop" in state.namespaces and pod_names(state) == {f"{INSTALL_NS}/after-drop"})
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     assert metric("webhook_watch_restarts_total", kind="Namespace", reason="error") == errors_before + 1
     assert len(kube.calls("GET", watch=False)) == lists_before  # resumed from the last resourceVersion
     # ... the last one seen, not the list's: "before-drop" is not replayed.
@@ -195,7 +200,7 @@ async def test_gone_relists_and_leaves_no_stale_entries(
     kube.put_object(priority_class("doomed", 1))
     await watcher.start()
     assert await watcher.wait_synced(5)
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     assert "doomed" in state.namespaces and "doomed/p" in pod_names(state)
     gone_before = metric("webhook_watch_restarts_total", kind="Pod", reason="gone")
     pod_lists = list_calls(kube, "/api/v1/pods")
@@ -263,7 +268,7 @@ async def test_missing_kueue_crd_counts_as_synced_and_is_retried(
 async def test_stop_closes_every_watch(kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher) -> None:
     await watcher.start()
     assert await watcher.wait_synced(5)
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     await watcher.stop()
     await eventually(lambda: kube.open_watches == 0)
     kube.put_object(namespace("after-stop"))
@@ -307,7 +312,7 @@ async def test_one_more_resource_is_one_line(kube: KubeEmulator, api: ApiClient)
         assert set(seen) == {"a"} and seen["a"]["kind"] == "ConfigMap"
         kube.put_object({**cm, "metadata": {**cm["metadata"], "name": "c"}})
         await eventually(lambda: set(seen) == {"a", "c"})
-    assert [w.name for w in default_watches(api, INSTALL_NS, pods=False, local_queues=False)] == [
+    assert [w.name for w in default_watches(api, INSTALL_NS, pods=False, kueue=False)] == [
         "Namespace",
         "PriorityClass",
         "ConfigMap",
@@ -374,7 +379,7 @@ async def test_no_single_object_stops_a_cache_from_syncing(
     assert {k: skipped(k) - before[k] for k in before} == {"Pod": 1, "Namespace": 1, "PriorityClass": 1}
 
     # A re-list after 410 Gone meets the same objects and still completes, with no stale entries.
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     kube.fail_next(10_000, status=503)
     kube.drop_watches()
     kube.delete_object("Pod", "good-2", "churn")
@@ -387,7 +392,7 @@ async def test_no_single_object_stops_a_cache_from_syncing(
     assert skipped("Pod") - before["Pod"] == 2
 
     # And as watch events: skipped, and the events after them still arrive.
-    await eventually(lambda: kube.open_watches == 5)
+    await eventually(lambda: kube.open_watches == len(WATCHED))
     late = pod("churn", "late-poison")
     late["metadata"]["labels"] = "not-a-map"
     kube.put_object(late)
@@ -434,3 +439,118 @@ def partial_list_pods(api: ApiClient) -> Any:
     from kubernetes_asyncio.client import CoreV1Api
 
     return CoreV1Api(api).list_pod_for_all_namespaces
+
+
+# -- Kueue's objects behind a queue, and the ReplicaSets pod groups are named after ---------------------
+
+
+def replica_set(ns: str, name: str, *, deployment: str | None, desired: str | None, replicas: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "uid": f"uid-{name}"}
+    if deployment is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment, "uid": "uid-d", "controller": True}
+        ]
+    if desired is not None:
+        meta["annotations"] = {"deployment.kubernetes.io/desired-replicas": desired, "other": "x" * 1000}
+    template = {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "i" * 5000}]}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": meta,
+        "spec": {"replicas": replicas, "template": template},
+    }
+
+
+async def test_kueue_objects_and_replica_sets_are_cached_and_follow_changes(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    from tests.support.cluster import cluster_queue, resource_flavor, topology
+    from tests.support.cluster import local_queue as queue_of
+
+    kube.put_object(namespace("churn"))
+    kube.put_object(topology())
+    kube.put_object(resource_flavor())
+    kube.put_object(cluster_queue(cohort="research", usage={"default": {"cpu": "6"}}, pending=3))
+    kube.put_object(queue_of("churn", "default", pendingWorkloads=1))
+    kube.put_object(replica_set("churn", "web-5d8f", deployment="web", desired="3", replicas=1))
+    kube.put_object(replica_set("churn", "bare", deployment=None, desired=None, replicas=2))
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    snap = state.snapshot()
+    assert snap.topologies["default"].levels == (
+        "topology.kubernetes.io/region", "topology.kubernetes.io/zone", "kubernetes.io/hostname"
+    )  # fmt: skip
+    assert snap.resource_flavors["default"].topology == "default"
+    cq = snap.cluster_queues["cq"]
+    assert (cq.cohort, cq.pending, cq.active, cq.flavor_names) == ("research", 3, True, ("default",))
+    assert cq.flavors[0].nominal == {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "8"}
+    assert cq.flavors[0].usage == {"cpu": "6"}
+    local = snap.local_queue_info["churn"]["default"]
+    assert (local.cluster_queue, local.pending) == ("cq", 1)
+    # The Deployment's count, not the ReplicaSet's (1 while a rollout scales it up); a bare one's own.
+    web, bare = snap.replica_sets["churn"]["web-5d8f"], snap.replica_sets["churn"]["bare"]
+    assert (web.replicas, web.deployment) == (3, "web") and web.uid
+    assert (bare.replicas, bare.deployment) == (2, None)
+
+    kube.put_object(cluster_queue(cohort="research", usage={"default": {"cpu": "9"}}, pending=0))
+    await eventually(lambda: state.snapshot().cluster_queues["cq"].flavors[0].usage == {"cpu": "9"})
+    kube.put_object(replica_set("churn", "web-5d8f", deployment="web", desired="5", replicas=3))
+    await eventually(lambda: state.snapshot().replica_sets["churn"]["web-5d8f"].replicas == 5)
+    kube.delete_object("Topology", "default")
+    await eventually(lambda: "default" not in state.snapshot().topologies)
+    kube.delete_object("ReplicaSet", "bare", "churn")
+    await eventually(lambda: "bare" not in state.snapshot().replica_sets["churn"])
+
+
+async def test_a_kueue_serving_only_v1beta1_is_read_at_v1beta1(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    # Kueue before v0.15 serves no v1beta2: the caches fall back to v1beta1, whose ClusterQueue
+    # names its cohort `spec.cohort`.
+    from tests.support.kube_emulator_types import ResourceType
+
+    kube.remove_resource("ClusterQueue")
+    kube.add_resource(
+        ResourceType("kueue.x-k8s.io", "v1beta1", "clusterqueues", "ClusterQueue", False, status_subresource=True,
+                     custom=True)
+    )  # fmt: skip
+    kube.put_object(
+        {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "old"},
+         "spec": {"cohort": "legacy", "resourceGroups": []}}
+    )  # fmt: skip
+    await watcher.start()
+    assert await watcher.wait_synced(5)
+    assert state.snapshot().cluster_queues["old"].cohort == "legacy"
+    v1beta2 = kube.calls("GET", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues")
+    assert v1beta2, "v1beta2 is asked first"
+
+
+async def test_kueue_objects_of_odd_shapes_are_kept_with_what_can_be_read(
+    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+) -> None:
+    kube.put_object(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "odd"},
+            "spec": {"resourceGroups": "nope", "cohortName": 7},
+            "status": {"pendingWorkloads": "many"},
+        }
+    )
+    kube.put_object(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {"name": "t"},
+            "spec": {"levels": [{"nodeLabel": 3}, "x", {"nodeLabel": "kubernetes.io/hostname"}]},
+        }
+    )
+    kube.put_object({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "f"},
+                     "spec": {"topologyName": {"not": "a name"}}})  # fmt: skip
+    await watcher.start()
+    assert await watcher.wait_synced(5) and state.ready()
+    snap = state.snapshot()
+    assert (snap.cluster_queues["odd"].flavors, snap.cluster_queues["odd"].cohort) == ((), None)
+    assert snap.cluster_queues["odd"].pending == 0
+    assert snap.topologies["t"].levels == ("kubernetes.io/hostname",)
+    assert snap.resource_flavors["f"].topology is None

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tests.support.kube_emulator import KubeEmulator, eventually
 from tests.support.kube_emulator_store import strategic_merge_patch
 
-KUEUE = ("kueue.x-k8s.io", "v1beta1")
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
 
 
 def status_of(exc: ApiException) -> dict[str, Any]:

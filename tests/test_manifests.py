@@ -624,6 +624,10 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
         ("", "pods"),
         ("scheduling.k8s.io", "priorityclasses"),
         ("kueue.x-k8s.io", "localqueues"),
+        ("kueue.x-k8s.io", "clusterqueues"),
+        ("kueue.x-k8s.io", "resourceflavors"),
+        ("kueue.x-k8s.io", "topologies"),
+        ("apps", "replicasets"),
     ):
         for verb in ("list", "watch"):
             assert allows(cluster, group, resource, verb), (resource, verb)

@@ -112,9 +112,7 @@ class Replica:
 
     async def start(self) -> Replica:
         self.api = self.kube.api_client()
-        self.watcher = cache_watcher(
-            self.state, self.api, INSTALL_NS, pods=False, local_queues=False, timing=FAST_WATCH
-        )
+        self.watcher = cache_watcher(self.state, self.api, INSTALL_NS, pods=False, kueue=False, timing=FAST_WATCH)
         await self.watcher.start()
         assert await self.watcher.wait_synced(5)
         factory = client_factory(self.secret_dir, FAST_CLIENT)

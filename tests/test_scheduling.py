@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import cluster_state, local_queue, namespace, priority_class, snapshot
+from tests.support.cluster import cluster_state, kueue_setup, local_queue, namespace, priority_class, snapshot
 from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, owned_by, pod_review, review
 from webhook.core.decision import Reason
 from webhook.core.scheduling import mutate_pod
@@ -296,7 +296,7 @@ CASES = [
         "S4 Kueue: default local queue and cluster topology unit",
         settings={"kueue_installed": True},
         annotations={"scheduling.hopsworks.ai/topology": "zone"},
-        extra=[local_queue("churn", "default")],
+        extra=[*kueue_setup(), local_queue("churn", "default")],
         check=_all(
             _eq(("metadata", "labels", "kueue.x-k8s.io/queue-name"), "default"),
             _eq(("metadata", "annotations", "kueue.x-k8s.io/podset-required-topology"), "topology.kubernetes.io/zone"),

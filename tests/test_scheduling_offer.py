@@ -19,7 +19,16 @@ import aiohttp
 import pytest
 
 from tests.support.apps import cache_app
-from tests.support.cluster import SCHEDULER, cluster_state, local_queue, namespace
+from tests.support.cluster import (
+    SCHEDULER,
+    cluster_queue,
+    cluster_state,
+    kueue_setup,
+    local_queue,
+    namespace,
+    resource_flavor,
+    topology,
+)
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
@@ -44,6 +53,12 @@ SSD = "disk=ssd"
 AV = "scheduling.hopsworks.ai/available"
 DF = "scheduling.hopsworks.ai/defaults"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TOPOLOGY = "scheduling.hopsworks.ai/topology"
+SCHEDULER_UNITS = {
+    "host": "kubernetes.io/hostname",
+    "zone": "topology.kubernetes.io/zone",
+    "region": "topology.kubernetes.io/region",
+}
 REQUIRED = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
 
 NAMESPACES = [
@@ -57,7 +72,17 @@ NAMESPACES = [
     ),
     namespace("broken", annotations={AV: "{not json"}),  # ignored, with a note: the cluster's subset applies
 ]
-QUEUES = [local_queue("churn", "default"), local_queue("churn", "team"), local_queue("fraud", "gpu")]
+# Queue `team` of churn goes to a ClusterQueue whose only flavor is placed by a Topology of hosts only.
+QUEUES = [
+    *kueue_setup(),
+    topology("hosts", ["kubernetes.io/hostname"]),
+    resource_flavor("hosts", "hosts"),
+    cluster_queue("cq-hosts", ["hosts"], cohort="research", usage={"hosts": {"cpu": "4"}}, pending=2),
+    local_queue("churn", "default"),
+    local_queue("churn", "team", "cq-hosts", pendingWorkloads=1),
+    local_queue("fraud", "gpu"),
+    local_queue("broken", "default"),
+]
 
 
 def state(**flat: Any) -> ClusterState:
@@ -92,16 +117,19 @@ OFFER_CASES = [
     ("kueue: the namespace's LocalQueues, the cluster's default queue", {"kueue_installed": True}, "churn", None, {
         "kueue_enabled": True,
         "queue": {"choices": ["default", "team"], "existing": ["default", "team"], "default": "default",
-                  "level": "cluster"},
+                  "level": "cluster", "unavailable": [], "default_refused": None},
         "topology": {"choices": [{"name": "host", "node_label": "kubernetes.io/hostname"},
                                  {"name": "zone", "node_label": "topology.kubernetes.io/zone"},
                                  {"name": "region", "node_label": "topology.kubernetes.io/region"}],
                      "default": None, "level": None}}),
     ("kueue: the project's queues and defaults", {"kueue_installed": True}, "fraud", "notebook", {
-        "queue": {"choices": ["gpu", "cpu"], "existing": ["gpu"], "default": "gpu", "level": "project"},
+        "queue": {"choices": ["gpu"], "existing": ["gpu"], "unavailable": ["cpu"], "default": "gpu",
+                  "level": "project", "default_refused": None},
         "topology": {"default": "host", "level": "project"}}),
     ("kueue: system jobs get the system queue", {"kueue_installed": True}, "fraud", "system-job", {
-        "queue": {"choices": ["gpu", "cpu"], "existing": ["gpu"], "default": "system", "level": "cluster"}}),
+        "queue": {"choices": ["gpu"], "existing": ["gpu"], "default": "system", "level": "cluster",
+                  "default_refused": None},
+        "topology": {"choices": [], "default": None}}),
     ("kueue and run:ai both on: run:ai's queue wins, no queue choice", {"kueue_installed": True,
                                                                          "run_ai_enable": True}, "churn", None, {
         "kueue_enabled": False, "queue": None, "topology": None}),
@@ -267,7 +295,8 @@ async def assert_agreement(offer: SchedulingOfferView, decide: Decide, universe:
             assert allowed and pod["metadata"]["labels"][QUEUE_LABEL] == queue, message
         for queue in outside(offer.queue.choices, universe["queues"], "made-up"):
             allowed, message, _ = await ask(labels={QUEUE_LABEL: queue})
-            assert not allowed and "allowed:" in message, queue
+            # Outside the project's queues, or listed for it but no LocalQueue of the namespace.
+            assert not allowed and ("allowed:" in message or "LocalQueues there:" in message), (queue, message)
         for unit in offer.topology.choices:
             allowed, message, pod = await ask(annotations={"scheduling.hopsworks.ai/topology": unit.name})
             assert allowed, message
@@ -400,13 +429,13 @@ async def test_workload_choices_as_query_parameters(served: Served) -> None:
 
         status, body = await get(kind="notebook")
         assert status == 200 and body["workload"] is None  # no choices: the answer as before
-        status, body = await get(kind="notebook", affinity=ZONE, queue="cpu", priorityClass="low")
+        status, body = await get(kind="notebook", affinity=ZONE, queue="gpu", priorityClass="low")
         assert status == 200, body
         workload = body["workload"]
         assert workload["affinity"] == {"value": [ZONE], "level": "workload"}
         assert workload["anti_affinity"] == {"value": ["maintenance=true"], "level": "cluster"}
         assert workload["priority_class"] == {"value": "low", "level": "workload"}
-        assert workload["queue"] == {"value": "cpu", "level": "workload"}
+        assert workload["queue"] == {"value": "gpu", "level": "workload"}
         assert workload["topology"] == {"value": "host", "level": "project"}
         assert workload["errors"] == []
         status, body = await get(topology="rack")
@@ -417,3 +446,85 @@ async def test_workload_choices_as_query_parameters(served: Served) -> None:
         assert status == 400 and "affinity" in str(body), body
         status, body = await get(queue="q" * 300)
         assert status == 400 and "queue: 300 characters" in str(body), body
+
+
+# ---- per queue: what its ClusterQueue holds, and the units it can place -----------------------------
+
+
+def test_each_queue_shows_what_its_cluster_queue_holds() -> None:
+    queue = offer_of(state(kueue_installed=True), "churn").queue
+    assert queue is not None
+    views = {v.name: v.model_dump(mode="json") for v in queue.queues}
+    assert views["default"] == {
+        "name": "default", "cluster_queue": "cq", "cohort": None, "active": True,
+        "pending_workloads": 0, "admitted_workloads": 0, "local_pending_workloads": 0,
+        "flavors": [{"name": "default", "topology": "default", "usage": {}, "borrowed": {},
+                     "nominal_quota": {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "8"}}],
+        "topologies": ["host", "zone", "region"], "problems": [],
+    }  # fmt: skip
+    assert views["team"]["cluster_queue"] == "cq-hosts" and views["team"]["cohort"] == "research"
+    assert (views["team"]["pending_workloads"], views["team"]["local_pending_workloads"]) == (2, 1)
+    assert views["team"]["flavors"][0]["usage"] == {"cpu": "4"} and views["team"]["topologies"] == ["host"]
+
+
+async def test_each_queue_admits_exactly_the_units_it_offers() -> None:
+    st = state(kueue_installed=True)
+    offer = offer_of(st, "churn")
+    assert offer.queue is not None
+    decide = pure_decide(st)
+    for view in offer.queue.queues:
+        for unit, label in SCHEDULER_UNITS.items():
+            review = pod_review("churn", labels={QUEUE_LABEL: view.name}, annotations={TOPOLOGY: unit})
+            allowed, message, pod = await decide(review)
+            assert allowed is (unit in view.topologies), (view.name, unit, message)
+            if allowed:
+                assert pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == label
+            else:
+                assert message.endswith(f"it offers: {', '.join(view.topologies)}"), message
+
+
+def test_a_namespace_without_local_queue_is_refused_with_what_to_create() -> None:
+    st = state(kueue_installed=True)
+    st.apply(namespace("empty"))
+    offer = offer_of(st, "empty")
+    assert offer.queue is not None and offer.queue.choices == [] and offer.queue.default_refused
+    assert "create LocalQueue default in empty" in offer.queue.default_refused
+    decision = mutate_pod(pod_review("empty")["request"], st.snapshot())
+    assert not decision.allowed and decision.message == offer.queue.default_refused
+    # A system job keeps the system queue, and is told Kueue will hold it.
+    system = offer_of(st, "empty", "system-job")
+    assert system.queue is not None and system.queue.default_refused is None
+    job = pod_review("empty", labels={"job-type": "materialization"}, owners=owned_by("Job"))
+    decision = mutate_pod(job["request"], st.snapshot())
+    assert decision.allowed, decision.message
+    assert any("LocalQueue system does not exist in namespace empty" in w for w in decision.warnings)
+
+
+def test_a_default_unit_the_default_queue_cannot_place_is_dropped_with_a_warning() -> None:
+    st = state(kueue_installed=True)
+    st.apply(namespace("lab", annotations={DF: json.dumps({"queue": "team", "topology": "zone"})}))
+    st.apply(local_queue("lab", "team", "cq-hosts"))
+    offer = offer_of(st, "lab")
+    assert offer.topology is not None and offer.topology.default is None
+    assert [c.name for c in offer.topology.choices] == ["host"]
+    decision = mutate_pod(pod_review("lab")["request"], st.snapshot())
+    assert decision.allowed and list(decision.warnings) == offer.notes, (decision.warnings, offer.notes)
+    pod = apply_patch(pod_review("lab")["request"]["object"], list(decision.patch))
+    assert pod["metadata"]["labels"][QUEUE_LABEL] == "team"
+    assert "kueue.x-k8s.io/podset-required-topology" not in pod["metadata"].get("annotations", {})
+    assert any(n.startswith("default topology zone") and n.endswith("none set") for n in offer.notes)
+
+
+def test_a_queue_whose_cluster_queue_is_missing_offers_no_unit_and_says_why() -> None:
+    st = state(kueue_installed=True)
+    st.apply(local_queue("churn", "orphan", "nowhere"))
+    offer = offer_of(st, "churn")
+    assert offer.queue is not None
+    orphan = next(v for v in offer.queue.queues if v.name == "orphan")
+    assert orphan.cluster_queue == "nowhere" and orphan.topologies == []
+    assert orphan.problems[0] == "ClusterQueue nowhere of LocalQueue orphan does not exist"
+    review = pod_review("churn", labels={QUEUE_LABEL: "orphan"}, annotations={TOPOLOGY: "host"})
+    decision = mutate_pod(review["request"], st.snapshot())
+    assert not decision.allowed and "it offers no topology unit (ClusterQueue nowhere" in decision.message
+    plain = mutate_pod(pod_review("churn", labels={QUEUE_LABEL: "orphan"})["request"], st.snapshot())
+    assert plain.allowed and any("Kueue will hold the pod" in w for w in plain.warnings)

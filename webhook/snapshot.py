@@ -34,6 +34,16 @@ TOPOLOGY_ANNOTATION = "scheduling.hopsworks.ai/topology"
 PRIORITY_CLASS_ANNOTATION = "scheduling.hopsworks.ai/priority-class"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+# Kueue's plain-pod group (pkg/controller/jobs/pod/constants at v0.17.0): the pods carrying one name
+# and one total count are admitted as one Workload, so Topology-Aware Scheduling places them together.
+KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_POD_GROUP_SERVING_ANNOTATION = "kueue.x-k8s.io/pod-group-serving"
+KUEUE_POD_GROUP_FAST_ADMISSION_ANNOTATION = "kueue.x-k8s.io/pod-group-fast-admission"
+# What Kueue's pod webhook sets on a pod it manages: the label and the scheduling gate it lifts on
+# admission (constants.ManagedByKueueLabelKey, podconstants.SchedulingGateName).
+KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 
 
@@ -105,6 +115,198 @@ class PriorityClassInfo:
             value=int(obj.get("value") or 0),
             preemption_policy=obj.get("preemptionPolicy") or "PreemptLowerPriority",
             global_default=bool(obj.get("globalDefault")),
+        )
+
+
+# -- Kueue's objects, as its v1beta2 API (v0.15+) has them; v1beta1 field names are read too --------
+# Quantities are kept as Kueue wrote them (shown, never added up here), and only when they are
+# short strings: a stored object of any shape must not stop a cache from syncing.
+_MAX_QUANTITY_CHARS = 40
+
+
+def _quantity(value: Any) -> str | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and 0 < len(value) <= _MAX_QUANTITY_CHARS else None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _count_of(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueueInfo:
+    """A LocalQueue: a namespace's name for a ClusterQueue (`spec.clusterQueue`)."""
+
+    namespace: str
+    name: str
+    cluster_queue: str
+    pending: int = 0  # status.pendingWorkloads
+    admitted: int = 0  # status.admittedWorkloads
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> LocalQueueInfo:
+        meta, status = _meta(obj), _section(obj, "status")
+        cluster_queue = _section(obj, "spec").get("clusterQueue")
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            cluster_queue=cluster_queue if isinstance(cluster_queue, str) else "",
+            pending=_count_of(status.get("pendingWorkloads")),
+            admitted=_count_of(status.get("admittedWorkloads")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorResources:
+    """One flavor of a ClusterQueue: nominal quota (spec) and usage (status.flavorsUsage) per
+    resource, as Kueue writes the quantities."""
+
+    flavor: str
+    nominal: Mapping[str, str] = field(default_factory=dict)
+    usage: Mapping[str, str] = field(default_factory=dict)
+    borrowed: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterQueueInfo:
+    """A ClusterQueue: its flavors in the order Kueue tries them, its cohort and Kueue's status."""
+
+    name: str
+    flavors: tuple[FlavorResources, ...] = ()
+    cohort: str | None = None
+    pending: int = 0  # status.pendingWorkloads
+    admitted: int = 0  # status.admittedWorkloads
+    active: bool | None = None  # the Active condition; None: Kueue has not reported it
+    inactive_reason: str | None = None
+
+    @property
+    def flavor_names(self) -> tuple[str, ...]:
+        return tuple(f.flavor for f in self.flavors)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ClusterQueueInfo:
+        spec, status = _section(obj, "spec"), _section(obj, "status")
+        nominal: dict[str, dict[str, str]] = {}
+        for group in _items(spec.get("resourceGroups")):
+            for flavor in _items(group.get("flavors")):
+                name = flavor.get("name")
+                if not isinstance(name, str) or name in nominal:
+                    continue
+                nominal[name] = {
+                    str(r["name"]): q
+                    for r in _items(flavor.get("resources"))
+                    if isinstance(r.get("name"), str) and (q := _quantity(r.get("nominalQuota"))) is not None
+                }
+        usage: dict[str, dict[str, str]] = {}
+        borrowed: dict[str, dict[str, str]] = {}
+        for flavor in _items(status.get("flavorsUsage")):
+            name = flavor.get("name")
+            if not isinstance(name, str):
+                continue
+            for r in _items(flavor.get("resources")):
+                if not isinstance(r.get("name"), str):
+                    continue
+                if (total := _quantity(r.get("total"))) is not None:
+                    usage.setdefault(name, {})[r["name"]] = total
+                if (lent := _quantity(r.get("borrowed"))) is not None:
+                    borrowed.setdefault(name, {})[r["name"]] = lent
+        active: bool | None = None
+        reason: str | None = None
+        for condition in _items(status.get("conditions")):
+            if condition.get("type") == "Active":
+                active = condition.get("status") == "True"
+                reason = None if active else str(condition.get("reason") or "") or None
+        cohort = spec.get("cohortName", spec.get("cohort"))  # v1beta2 renamed spec.cohort
+        return cls(
+            name=str(_meta(obj).get("name") or ""),
+            flavors=tuple(FlavorResources(n, q, usage.get(n, {}), borrowed.get(n, {})) for n, q in nominal.items()),
+            cohort=cohort if isinstance(cohort, str) and cohort else None,
+            pending=_count_of(status.get("pendingWorkloads")),
+            admitted=_count_of(status.get("admittedWorkloads")),
+            active=active,
+            inactive_reason=reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFlavorInfo:
+    """A ResourceFlavor; `topology` names the Topology its nodes are placed by (TAS), if any."""
+
+    name: str
+    topology: str | None = None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ResourceFlavorInfo:
+        topology = _section(obj, "spec").get("topologyName")
+        return cls(
+            name=str(_meta(obj).get("name") or ""),
+            topology=topology if isinstance(topology, str) and topology else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyInfo:
+    """A Topology: its levels' node labels, coarsest first (`spec.levels[].nodeLabel`)."""
+
+    name: str
+    levels: tuple[str, ...] = ()
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> TopologyInfo:
+        levels = [level.get("nodeLabel") for level in _items(_section(obj, "spec").get("levels"))]
+        return cls(
+            name=str(_meta(obj).get("name") or ""),
+            levels=tuple(label for label in levels if isinstance(label, str) and label),
+        )
+
+
+# The Deployment controller's annotation on a ReplicaSet: the Deployment's replica count
+# (k8s.io/kubernetes pkg/controller/deployment/util: DesiredReplicasAnnotation).
+DESIRED_REPLICAS_ANNOTATION = "deployment.kubernetes.io/desired-replicas"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSetInfo:
+    """What pod grouping needs of a ReplicaSet: who controls it and how many pods its owner wants."""
+
+    namespace: str
+    name: str
+    uid: str
+    replicas: int  # what the Deployment wants (its desired-replicas annotation), else spec.replicas
+    deployment: str | None = None  # the controlling Deployment's name
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ReplicaSetInfo:
+        meta = _meta(obj)
+        deployment = None
+        for ref in _items(meta.get("ownerReferences")):
+            if ref.get("controller") is True and ref.get("kind") == "Deployment":
+                deployment = str(ref.get("name") or "") or None
+        desired = _section(meta, "annotations").get(DESIRED_REPLICAS_ANNOTATION)
+        replicas = _section(obj, "spec").get("replicas", 1)
+        if deployment is not None and isinstance(desired, str) and desired.isdigit() and len(desired) <= 9:
+            replicas = int(desired)
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            replicas=_count_of(replicas),
+            deployment=deployment,
         )
 
 
@@ -184,6 +386,13 @@ class ClusterSnapshot:
     priority_classes: Mapping[str, PriorityClassInfo] = field(default_factory=dict)
     # namespace -> names of Kueue LocalQueues in it
     local_queues: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Kueue's objects behind them: namespace -> LocalQueue name -> record; the cluster-scoped ones by name.
+    local_queue_info: Mapping[str, Mapping[str, LocalQueueInfo]] = field(default_factory=dict)
+    cluster_queues: Mapping[str, ClusterQueueInfo] = field(default_factory=dict)
+    resource_flavors: Mapping[str, ResourceFlavorInfo] = field(default_factory=dict)
+    topologies: Mapping[str, TopologyInfo] = field(default_factory=dict)
+    # namespace -> ReplicaSet name -> record (the owners of Deployment pods, for pod groups)
+    replica_sets: Mapping[str, Mapping[str, ReplicaSetInfo]] = field(default_factory=dict)
     # namespace -> pod uid -> record
     pods: Mapping[str, Mapping[str, PodRecord]] = field(default_factory=dict)
     # Why the settings ConfigMap is refused (the last good settings serve): logged, and

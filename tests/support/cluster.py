@@ -82,13 +82,80 @@ def runai_settings_configmap(runai: Any, install_namespace: str = "hopsworks", *
     return settings_configmap(install_namespace, **{**connection, **flat})
 
 
-def local_queue(namespace_name: str, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta1",
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# The node labels of the cluster's built-in topology units (host, zone, region), coarsest first as a
+# Kueue Topology lists its levels.
+TOPOLOGY_LEVELS = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone", "kubernetes.io/hostname")
+
+
+def local_queue(namespace_name: str, name: str, cluster_queue: str = "cq", **status: int) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": KUEUE_API,
         "kind": "LocalQueue",
         "metadata": {"name": name, "namespace": namespace_name},
-        "spec": {"clusterQueue": "cq"},
+        "spec": {"clusterQueue": cluster_queue},
     }
+    if status:
+        obj["status"] = status
+    return obj
+
+
+def topology(name: str = "default", levels: Iterable[str] = TOPOLOGY_LEVELS) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Topology",
+        "metadata": {"name": name},
+        "spec": {"levels": [{"nodeLabel": label} for label in levels]},
+    }
+
+
+def resource_flavor(name: str = "default", topology_name: str | None = "default") -> dict[str, Any]:
+    spec: dict[str, Any] = {} if topology_name is None else {"topologyName": topology_name}
+    return {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
+
+
+def cluster_queue(
+    name: str = "cq",
+    flavors: Iterable[str] = ("default",),
+    *,
+    cohort: str | None = None,
+    quota: Mapping[str, str] | None = None,
+    usage: Mapping[str, Mapping[str, str]] | None = None,
+    pending: int = 0,
+) -> dict[str, Any]:
+    """A ClusterQueue with one resource group: every flavor gets `quota` (CPU, memory, GPUs by
+    default); `usage` is its status.flavorsUsage (flavor -> resource -> total)."""
+    quota = dict(quota or {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "8"})
+    spec: dict[str, Any] = {
+        "resourceGroups": [
+            {
+                "coveredResources": list(quota),
+                "flavors": [
+                    {"name": f, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}
+                    for f in flavors
+                ],
+            }
+        ]
+    }
+    if cohort:
+        spec["cohortName"] = cohort
+    status: dict[str, Any] = {
+        "pendingWorkloads": pending,
+        "admittedWorkloads": 0,
+        "reservingWorkloads": 0,
+        "flavorsUsage": [
+            {"name": f, "resources": [{"name": r, "total": t} for r, t in used.items()]}
+            for f, used in (usage or {}).items()
+        ],
+        "conditions": [{"type": "Active", "status": "True", "reason": "Ready"}],
+    }
+    return {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec, "status": status}
+
+
+def kueue_setup() -> list[dict[str, Any]]:
+    """Kueue as the tests' clusters have it: one Topology over the built-in units, a flavor placed
+    by it, and ClusterQueue `cq` over that flavor."""
+    return [topology(), resource_flavor(), cluster_queue()]
 
 
 def cluster_state(

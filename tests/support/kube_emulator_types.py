@@ -65,8 +65,20 @@ PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "P
                                 short_names=("pc",))  # fmt: skip
 DEPLOYMENTS = ResourceType("apps", "v1", "deployments", "Deployment", True, status_subresource=True,
                            generation=True, short_names=("deploy",))  # fmt: skip
-LOCAL_QUEUES = ResourceType("kueue.x-k8s.io", "v1beta1", "localqueues", "LocalQueue", True,
+REPLICA_SETS = ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, status_subresource=True,
+                            generation=True, short_names=("rs",))  # fmt: skip
+JOBS = ResourceType("batch", "v1", "jobs", "Job", True, status_subresource=True, generation=True)
+STATEFUL_SETS = ResourceType("apps", "v1", "statefulsets", "StatefulSet", True, status_subresource=True,
+                             generation=True, short_names=("sts",))  # fmt: skip
+KUEUE_GROUP = "kueue.x-k8s.io"
+LOCAL_QUEUES = ResourceType(KUEUE_GROUP, "v1beta2", "localqueues", "LocalQueue", True,
                             status_subresource=True, generation=True, custom=True)  # fmt: skip
+CLUSTER_QUEUES = ResourceType(KUEUE_GROUP, "v1beta2", "clusterqueues", "ClusterQueue", False,
+                              status_subresource=True, generation=True, custom=True)  # fmt: skip
+RESOURCE_FLAVORS = ResourceType(KUEUE_GROUP, "v1beta2", "resourceflavors", "ResourceFlavor", False,
+                                generation=True, custom=True)  # fmt: skip
+TOPOLOGIES = ResourceType(KUEUE_GROUP, "v1beta2", "topologies", "Topology", False, generation=True, custom=True)
+KUEUE_RESOURCES = (LOCAL_QUEUES, CLUSTER_QUEUES, RESOURCE_FLAVORS, TOPOLOGIES)
 TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False,
                              virtual=True)  # fmt: skip
 SUBJECT_ACCESS_REVIEWS = ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews",
@@ -95,8 +107,8 @@ INSTALL_RESOURCES = (SERVICE_ACCOUNTS, SERVICES, POD_DISRUPTION_BUDGETS, VALIDAT
                      VALIDATING_ADMISSION_POLICY_BINDINGS)  # fmt: skip
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
-    NAMESPACES, PODS, CONFIGMAPS, SECRETS, EVENTS, LEASES, PRIORITY_CLASSES, DEPLOYMENTS,
-    LOCAL_QUEUES, TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS,
+    NAMESPACES, PODS, CONFIGMAPS, SECRETS, EVENTS, LEASES, PRIORITY_CLASSES, DEPLOYMENTS, REPLICA_SETS,
+    STATEFUL_SETS, JOBS, *KUEUE_RESOURCES, TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS,
 )  # fmt: skip
 
 _REASONS = {

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from webhook.core.kueue import queue_placement, queue_refusal, queue_warning, topology_refusal
 from webhook.core.offer import CLUSTER, WORKLOAD, Level, SchedulingOffer
+from webhook.snapshot import ClusterSnapshot
 
 
 def not_allowed(what: str, chosen: Iterable[str], allowed: Sequence[str], project: str) -> str:
@@ -77,6 +79,51 @@ def resolve_topology(offer: SchedulingOffer, chosen: str | None) -> ResolvedName
 
 
 @dataclass(frozen=True, slots=True)
+class KueueResolution:
+    """A workload's queue and topology unit, resolved against the offer and then checked against
+    the cluster's Kueue objects (`core.kueue`): the queue must be a LocalQueue of the namespace, the
+    unit a level of the Topology behind it. A default unit the queue cannot place is dropped
+    (value None) with a warning rather than refused: a default must not block a project's pods."""
+
+    queue: ResolvedName
+    topology: ResolvedName
+    warnings: tuple[str, ...] = ()
+    node_label: str | None = None  # what `kueue.x-k8s.io/podset-required-topology` gets (None: nothing)
+
+
+def resolve_kueue(
+    offer: SchedulingOffer,
+    snapshot: ClusterSnapshot,
+    chosen_queue: str | None,
+    chosen_topology: str | None,
+    kind: str | None,
+) -> KueueResolution:
+    warnings: list[str] = []
+    queue = resolve_queue(offer, chosen_queue, kind)
+    if queue.error is None and (name := queue.value) is not None:
+        refusal = queue_refusal(snapshot, offer.namespace, name, kind)
+        if refusal is not None:
+            queue = ResolvedName(None, None, refusal)
+        elif (warning := queue_warning(snapshot, offer.namespace, name)) is not None:
+            warnings.append(warning)
+    topology = resolve_topology(offer, chosen_topology)
+    unit = topology.value
+    if topology.error is not None or unit is None or queue.value is None:
+        return KueueResolution(queue, topology, tuple(warnings))
+    if unit not in offer.topologies:  # a default the cluster no longer offers
+        warnings.append(f"default topology {unit} is not a topology unit; none set")
+        return KueueResolution(queue, ResolvedName(None, None), tuple(warnings))
+    placement = queue_placement(snapshot, offer.namespace, queue.value)
+    why = topology_refusal(placement, unit, offer.topologies, chosen=chosen_topology is not None)
+    if why is not None:
+        if chosen_topology is not None:
+            return KueueResolution(queue, ResolvedName(None, None, why), tuple(warnings))
+        warnings.append(f"{why}; none set")
+        return KueueResolution(queue, ResolvedName(None, None), tuple(warnings))
+    return KueueResolution(queue, topology, tuple(warnings), offer.topologies[unit])
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadChoices:
     affinity: tuple[str, ...] | None = None
     anti_affinity: tuple[str, ...] | None = None
@@ -92,6 +139,7 @@ class ResolvedChoices:
     priority_class: ResolvedName
     queue: ResolvedName | None  # None: Kueue off
     topology: ResolvedName | None
+    warnings: tuple[str, ...] = ()  # what admission would warn about the queue and topology
 
     @property
     def errors(self) -> list[str]:
@@ -99,12 +147,16 @@ class ResolvedChoices:
         return [p.error for p in parts if p is not None and p.error is not None]
 
 
-def resolve_choices(offer: SchedulingOffer, choices: WorkloadChoices, kind: str | None = None) -> ResolvedChoices:
+def resolve_choices(
+    offer: SchedulingOffer, choices: WorkloadChoices, snapshot: ClusterSnapshot, kind: str | None = None
+) -> ResolvedChoices:
     """Every choice at once, in the order admission judges them."""
+    kueue = resolve_kueue(offer, snapshot, choices.queue, choices.topology, kind) if offer.kueue else None
     return ResolvedChoices(
         affinity=resolve_affinity(offer, choices.affinity),
         anti_affinity=resolve_affinity(offer, choices.anti_affinity, anti=True),
         priority_class=resolve_priority_class(offer, choices.priority_class),
-        queue=resolve_queue(offer, choices.queue, kind) if offer.kueue else None,
-        topology=resolve_topology(offer, choices.topology) if offer.kueue else None,
+        queue=kueue.queue if kueue else None,
+        topology=kueue.topology if kueue else None,
+        warnings=kueue.warnings if kueue else (),
     )

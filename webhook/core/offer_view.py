@@ -4,12 +4,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
-from webhook.core.choices import ResolvedChoices, ResolvedLabels, ResolvedName, WorkloadChoices, resolve_choices
+from webhook.core.choices import (
+    ResolvedChoices,
+    ResolvedLabels,
+    ResolvedName,
+    WorkloadChoices,
+    resolve_choices,
+    resolve_kueue,
+)
 from webhook.core.gpu_view import GpuAvailability, GpuCode
+from webhook.core.kueue import queue_placement, queue_warning
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
 from webhook.settings import WORKLOAD_KINDS, quota_checked
 from webhook.snapshot import ClusterSnapshot
@@ -33,11 +41,40 @@ class PriorityChoices(BaseModel):
     level: Level | None
 
 
+class FlavorView(BaseModel):
+    """One ResourceFlavor of a queue's ClusterQueue: its Topology, and quota and usage per
+    resource as Kueue reports them (quantities as Kueue writes them)."""
+
+    name: str
+    topology: str | None
+    nominal_quota: dict[str, str]
+    usage: dict[str, str]
+    borrowed: dict[str, str]
+
+
+class QueueView(BaseModel):
+    """A queue a workload may choose, and what its ClusterQueue holds, from Kueue's own status."""
+
+    name: str
+    cluster_queue: str | None  # None: the LocalQueue does not exist
+    cohort: str | None = None
+    active: bool | None = None  # the ClusterQueue's Active condition (None: not reported)
+    pending_workloads: int | None = None  # the ClusterQueue's
+    admitted_workloads: int | None = None
+    local_pending_workloads: int | None = None  # this LocalQueue's own
+    flavors: list[FlavorView] = []
+    topologies: list[str] = []  # the topology units this queue can place a workload by
+    problems: list[str] = []  # why it offers no topology unit, or will not admit
+
+
 class QueueChoices(BaseModel):
-    choices: list[str]
-    existing: list[str]  # LocalQueues of the namespace (a listed queue may not exist yet)
+    choices: list[str]  # what a workload may choose: the project's queues that are LocalQueues here
+    existing: list[str]  # LocalQueues of the namespace
+    unavailable: list[str] = []  # listed for the project but no LocalQueue here: admission refuses them
     default: str
     level: Level
+    default_refused: str | None = None  # why a workload choosing no queue is refused (None: it is not)
+    queues: list[QueueView] = []  # `choices`, and the default queue when it is not one of them
 
 
 class TopologyChoice(BaseModel):
@@ -46,6 +83,8 @@ class TopologyChoice(BaseModel):
 
 
 class TopologyChoices(BaseModel):
+    """The units a workload may choose with the default queue (another queue: its `topologies`)."""
+
     choices: list[TopologyChoice]
     default: str | None
     level: Level | None
@@ -82,6 +121,7 @@ class WorkloadScheduling(BaseModel):
     queue: ChosenName | None = None  # None: Kueue off
     topology: ChosenName | None = None
     errors: list[str] = []
+    warnings: list[str] = []  # what admission would warn (a default topology its queue cannot place)
 
 
 class SchedulingOfferView(BaseModel):
@@ -161,18 +201,10 @@ def offer_view(
         return PriorityClassChoice(name=name, value=found.value, preemption_policy=found.preemption_policy)
 
     queue = topology = None
+    notes = list(offer.notes)
     if offer.kueue:
-        queue = QueueChoices(
-            choices=offer.queue_choices(),
-            existing=sorted(snapshot.local_queues.get(offer.namespace, ())),
-            default=offer.default_queue_for(kind),
-            level=CLUSTER if kind == "system-job" else offer.default_queue_level,
-        )
-        topology = TopologyChoices(
-            choices=[TopologyChoice(name=n, node_label=label) for n, label in offer.topologies.items()],
-            default=offer.default_topology,
-            level=offer.default_topology_level,
-        )
+        queue, topology, kueue_notes = kueue_choices(offer, snapshot, kind)
+        notes.extend(kueue_notes)
     return SchedulingOfferView(
         namespace=offer.namespace,
         kind=kind,
@@ -187,9 +219,78 @@ def offer_view(
         queue=queue,
         topology=topology,
         gpus=gpu_offer(gpus, kind),
-        notes=list(offer.notes),
-        workload=None if choices is None else workload_view(resolve_choices(offer, choices, kind)),
+        notes=notes,
+        workload=None if choices is None else workload_view(resolve_choices(offer, choices, snapshot, kind)),
     )
+
+
+def queue_view(snapshot: ClusterSnapshot, namespace: str, queue: str, topologies: Mapping[str, str]) -> QueueView:
+    placement = queue_placement(snapshot, namespace, queue)
+    local, cq = placement.local_queue, placement.cluster_queue
+    problems = list(placement.problems)
+    if (warning := queue_warning(snapshot, namespace, queue)) is not None and warning not in problems:
+        problems.append(warning)
+    if cq is None:
+        return QueueView(
+            name=queue,
+            cluster_queue=local.cluster_queue if local is not None else None,
+            local_pending_workloads=local.pending if local is not None else None,
+            problems=problems,
+        )
+    return QueueView(
+        name=queue,
+        cluster_queue=cq.name,
+        cohort=cq.cohort,
+        active=cq.active,
+        pending_workloads=cq.pending,
+        admitted_workloads=cq.admitted,
+        local_pending_workloads=local.pending if local is not None else None,
+        flavors=[
+            FlavorView(
+                name=f.flavor,
+                topology=placement.flavor_topologies.get(f.flavor),
+                nominal_quota=dict(f.nominal),
+                usage=dict(f.usage),
+                borrowed=dict(f.borrowed),
+            )
+            for f in cq.flavors
+        ],
+        topologies=placement.units(topologies),
+        problems=problems,
+    )
+
+
+def kueue_choices(
+    offer: SchedulingOffer, snapshot: ClusterSnapshot, kind: str | None
+) -> tuple[QueueChoices, TopologyChoices, list[str]]:
+    """The queues and units as admission judges them (`choices.resolve_kueue`): a queue is offered
+    only when it is a LocalQueue of the namespace, a unit only when the queue can place by it."""
+    ns = offer.namespace
+    existing = sorted(snapshot.local_queue_info.get(ns, {}))
+    listed = offer.queue_choices()
+    choices = [q for q in listed if q in existing]
+    defaults = resolve_kueue(offer, snapshot, None, None, kind)
+    default_queue = offer.default_queue_for(kind)
+    shown = choices if default_queue in choices else [*choices, default_queue]
+    queues = [queue_view(snapshot, ns, q, offer.topologies) for q in shown]
+    default_units: list[str] = []
+    if defaults.queue.value is not None:
+        default_units = next(v.topologies for v in queues if v.name == defaults.queue.value)
+    queue = QueueChoices(
+        choices=choices,
+        existing=existing,
+        unavailable=[q for q in listed if q not in existing],
+        default=default_queue,
+        level=CLUSTER if kind == "system-job" else offer.default_queue_level,
+        default_refused=defaults.queue.error,
+        queues=queues,
+    )
+    topology = TopologyChoices(
+        choices=[TopologyChoice(name=u, node_label=offer.topologies[u]) for u in default_units],
+        default=defaults.topology.value,
+        level=defaults.topology.level,
+    )
+    return queue, topology, list(defaults.warnings)
 
 
 def workload_view(resolved: ResolvedChoices) -> WorkloadScheduling:
@@ -208,6 +309,7 @@ def workload_view(resolved: ResolvedChoices) -> WorkloadScheduling:
         queue=name(resolved.queue),
         topology=name(resolved.topology),
         errors=resolved.errors,
+        warnings=list(resolved.warnings),
     )
 
 

@@ -5,7 +5,9 @@
 label, is refused: such a pod did not pass Run:ai's admission (defence in depth for S5). What it
 cannot decide alone it says with a reason the shell acts on: `Reason.RUNAI_PROJECT_NOT_KNOWN_HERE` (Run:ai
 answers, but this replica has no record of the project yet, e.g. another replica bound it moments
-ago: look that one project up, or refuse and let the user retry).
+ago: look that one project up, or refuse and let the user retry). With Kueue on instead, it refuses
+a pod that names a queue but that Kueue neither gated nor admits through its owner (S4's defence in
+depth, `core.kueue.ungated_pod_refusal`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
-from webhook.core.kinds import UNREADABLE_POD_GPUS, pod_gpu_request
+from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, pod_gpu_request
+from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.scheduling import pod_target
 from webhook.settings import quota_checked
 from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
@@ -103,7 +106,16 @@ def format_gpus(value: float) -> str:
 def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: float = 0.0) -> Decision:
     target = pod_target(request, snapshot)
     settings = snapshot.settings
-    if target is None or not settings.run_ai_enable:
+    if target is None:
+        return Decision.allow()
+    if not settings.run_ai_enable:
+        if settings.kueue_installed:
+            # S4's defence in depth: a pod naming a queue that Kueue did not take would use no quota.
+            meta = target.pod.get("metadata")
+            controller = controller_owner(meta) if isinstance(meta, dict) else None
+            refusal = ungated_pod_refusal(target.namespace.name, target.labels, target.spec, controller)
+            if refusal is not None:
+                return Decision.deny(refusal, code=403, reason=Reason.FORBIDDEN)
         return Decision.allow()
     ns = target.namespace
     if ns.moving:

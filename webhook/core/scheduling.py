@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from webhook.core.choices import not_allowed, resolve_affinity, resolve_priority_class, resolve_queue, resolve_topology
+from webhook.core.choices import not_allowed, resolve_affinity, resolve_kueue, resolve_priority_class
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
@@ -361,36 +361,30 @@ def _priority(m: _Mutation) -> None:
 
 # -- S4: Kueue ---------------------------------------------------------------------------------
 def _kueue(m: _Mutation) -> None:
-    offer = m.offer
-    ns = m.target.namespace.name
-    existing_queues = m.snapshot.local_queues.get(ns, frozenset())
+    """The queue (a LocalQueue of the namespace) and the topology unit (a level of the Topology
+    behind that queue), checked against the cluster's Kueue objects (`choices.resolve_kueue`)."""
     chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
-    resolved = resolve_queue(offer, None if chosen is None else str(chosen), m.target.kind)
-    if resolved.error:
-        m.errors.append(resolved.error)
-    elif chosen is None:
-        queue = str(resolved.value)
-        if queue not in existing_queues:
-            m.warnings.append(f"LocalQueue {queue} does not exist in namespace {ns}; Kueue will hold the pod")
-        m.patch.set_label(KUEUE_QUEUE_LABEL, queue)
-        m.audit["queue"] = queue
-    else:
-        m.audit["queue"] = str(chosen)
-
-    units = offer.topologies
     chosen_unit = m.target.annotations.get(TOPOLOGY_ANNOTATION)
-    topology = resolve_topology(offer, None if chosen_unit is None else str(chosen_unit))
-    if topology.error:
-        m.errors.append(topology.error)
+    resolved = resolve_kueue(
+        m.offer,
+        m.snapshot,
+        None if chosen is None else str(chosen),
+        None if chosen_unit is None else str(chosen_unit),
+        m.target.kind,
+    )
+    m.warnings.extend(resolved.warnings)
+    for part in (resolved.queue, resolved.topology):
+        if part.error is not None:
+            m.errors.append(part.error)
+    queue = resolved.queue.value
+    if queue is None:
         return
-    unit = topology.value
-    if unit is None:
-        return
-    if unit not in units:
-        m.warnings.append(f"default topology {unit} is not a topology unit; none set")
-        return
-    m.patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, units[str(unit)])
-    m.audit["topology"] = str(unit)
+    if chosen is None:
+        m.patch.set_label(KUEUE_QUEUE_LABEL, queue)
+    m.audit["queue"] = queue
+    if resolved.node_label is not None and resolved.topology.value is not None:
+        m.patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, resolved.node_label)
+        m.audit["topology"] = resolved.topology.value
 
 
 def _kueue_off(m: _Mutation) -> None:

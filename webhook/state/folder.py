@@ -22,7 +22,10 @@ from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-CACHED_KINDS = ("Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "Pod")
+CACHED_KINDS = (
+    "Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "ClusterQueue", "ResourceFlavor", "Topology",
+    "ReplicaSet", "Pod",
+)  # fmt: skip
 SUFFIXES = (".yaml", ".yml", ".json")
 
 

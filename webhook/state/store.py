@@ -16,7 +16,18 @@ from typing import Any
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
 from webhook.metrics import PODS_UNREADABLE_GPUS, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
-from webhook.snapshot import ClusterSnapshot, FreedPod, NamespaceInfo, PodRecord, PriorityClassInfo
+from webhook.snapshot import (
+    ClusterQueueInfo,
+    ClusterSnapshot,
+    FreedPod,
+    LocalQueueInfo,
+    NamespaceInfo,
+    PodRecord,
+    PriorityClassInfo,
+    ReplicaSetInfo,
+    ResourceFlavorInfo,
+    TopologyInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +38,22 @@ log = logging.getLogger(__name__)
 FREED_RETENTION_S = 300.0
 
 Listener = Callable[[str, str, Mapping[str, Any]], None]
+
+# Kueue's cluster-scoped kinds this store keeps, each a record of its name. Their kind names are
+# generic ("Topology"), so an object of another API group with the same kind is not taken for one.
+KUEUE_GROUP = "kueue.x-k8s.io"
+_KUEUE_RECORDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "ClusterQueue": ClusterQueueInfo.from_object,
+    "ResourceFlavor": ResourceFlavorInfo.from_object,
+    "Topology": TopologyInfo.from_object,
+}
+
+
+def _foreign(obj: Mapping[str, Any], group: str) -> bool:
+    """An object whose apiVersion names another group than the one its kind is cached for (a
+    folder's object may leave apiVersion out)."""
+    api_version = obj.get("apiVersion")
+    return isinstance(api_version, str) and "/" in api_version and api_version.split("/")[0] != group
 
 
 class ClusterState:
@@ -43,6 +70,10 @@ class ClusterState:
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.priority_classes: dict[str, PriorityClassInfo] = {}
         self.local_queues: dict[str, frozenset[str]] = {}
+        self.local_queue_info: dict[str, dict[str, LocalQueueInfo]] = {}
+        # Kueue's cluster-scoped objects, by kind then name (ClusterQueue, ResourceFlavor, Topology).
+        self.kueue: dict[str, dict[str, Any]] = {kind: {} for kind in _KUEUE_RECORDS}
+        self.replica_sets: dict[str, dict[str, ReplicaSetInfo]] = {}
         self.pods: dict[str, dict[str, PodRecord]] = {}
         self.freed_pods: dict[str, dict[str, FreedPod]] = {}
         # Uids of cached pods whose GPU request cannot be read (counted as UNREADABLE_POD_GPUS).
@@ -52,6 +83,11 @@ class ClusterState:
             namespaces=self.namespaces,
             priority_classes=self.priority_classes,
             local_queues=self.local_queues,
+            local_queue_info=self.local_queue_info,
+            cluster_queues=self.kueue["ClusterQueue"],
+            resource_flavors=self.kueue["ResourceFlavor"],
+            topologies=self.kueue["Topology"],
+            replica_sets=self.replica_sets,
             pods=self.pods,
             freed_pods=self.freed_pods,
         )
@@ -85,8 +121,22 @@ class ClusterState:
             if self._is_settings(meta):
                 self._apply_settings(obj.get("data") or {})
         elif kind == "LocalQueue":
-            ns = meta.get("namespace", "")
-            self.local_queues[ns] = self.local_queues.get(ns, frozenset()) | {name}
+            if _foreign(obj, KUEUE_GROUP):
+                return
+            info = LocalQueueInfo.from_object(obj)
+            self.local_queue_info.setdefault(info.namespace, {})[name] = info
+            names = self.local_queues.get(info.namespace, frozenset())
+            if name not in names:  # a status update keeps the set (the offer cache keys on it)
+                self.local_queues[info.namespace] = names | {name}
+        elif kind in _KUEUE_RECORDS:
+            if _foreign(obj, KUEUE_GROUP):
+                return
+            self.kueue[kind][name] = _KUEUE_RECORDS[kind](obj)
+        elif kind == "ReplicaSet":
+            if _foreign(obj, "apps"):
+                return
+            rs = ReplicaSetInfo.from_object(obj)
+            self.replica_sets.setdefault(rs.namespace, {})[rs.name] = rs
         elif kind == "Pod":
             record = pod_record(obj, self._snapshot.settings)
             pods = self.pods.setdefault(record.namespace, {})
@@ -109,18 +159,38 @@ class ClusterState:
                 self._mark_unreadable(uid, False)
             self.freed_pods.pop(name, None)
             self.local_queues.pop(name, None)
+            self.local_queue_info.pop(name, None)
+            self.replica_sets.pop(name, None)
         elif kind == "PriorityClass":
             self.priority_classes.pop(name, None)
         elif kind == "ConfigMap":
             if self._is_settings(meta):
                 self._apply_settings({})
         elif kind == "LocalQueue":
+            if _foreign(obj, KUEUE_GROUP):
+                return
             ns = meta.get("namespace", "")
             remaining = self.local_queues.get(ns, frozenset()) - {name}
             if remaining:
                 self.local_queues[ns] = remaining
             else:
                 self.local_queues.pop(ns, None)
+            infos = self.local_queue_info.get(ns)
+            if infos is not None:
+                infos.pop(name, None)
+                if not infos:
+                    self.local_queue_info.pop(ns, None)
+        elif kind in _KUEUE_RECORDS:
+            if _foreign(obj, KUEUE_GROUP):
+                return
+            self.kueue[kind].pop(name, None)
+        elif kind == "ReplicaSet":
+            ns = meta.get("namespace", "")
+            sets = self.replica_sets.get(ns)
+            if sets is not None:
+                sets.pop(name, None)
+                if not sets:
+                    self.replica_sets.pop(ns, None)
         elif kind == "Pod":
             ns = meta.get("namespace", "")
             uid = meta.get("uid") or f"{ns}/{name}"
@@ -145,6 +215,11 @@ class ClusterState:
             self.priority_classes.clear()
         elif kind == "LocalQueue":
             self.local_queues.clear()
+            self.local_queue_info.clear()
+        elif kind in _KUEUE_RECORDS:
+            self.kueue[kind].clear()
+        elif kind == "ReplicaSet":
+            self.replica_sets.clear()
         elif kind == "Pod":
             before = [record for pods in self.pods.values() for record in pods.values()]
             self.pods.clear()

@@ -5,17 +5,60 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, SchedulingV1Api
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi, SchedulingV1Api
 
 from webhook.kube.api import Obj
-from webhook.kube.watch import KubeWatcher, ResourceWatch, Sink, WatchTiming
+from webhook.kube.watch import KubeWatcher, ListFn, ResourceWatch, Sink, WatchTiming
 from webhook.settings import SETTINGS_CONFIGMAP
 
-KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES = "kueue.x-k8s.io", "v1beta1", "localqueues"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# Kueue serves v1beta2 (its storage version) since v0.15 and still v1beta1, deprecated; before v0.15
+# only v1beta1. The first version served is read; the records take either's field names.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+# Kind -> plural of the Kueue objects the caches keep: a queue's ClusterQueue, its flavors' Topology.
+KUEUE_KINDS = {
+    "LocalQueue": "localqueues",
+    "ClusterQueue": "clusterqueues",
+    "ResourceFlavor": "resourceflavors",
+    "Topology": "topologies",
+}
+
+
+def kueue_list(custom: CustomObjectsApi, plural: str) -> ListFn:
+    """List (or watch) a Kueue kind at the newest version the apiserver serves: a 404 for one
+    version tries the next; the last one's 404 is the watch's "CRD not installed"."""
+
+    async def list_fn(**kwargs: Any) -> Any:
+        for version in KUEUE_VERSIONS:
+            response: aiohttp.ClientResponse = await custom.list_cluster_custom_object(
+                KUEUE_GROUP, version, plural, **kwargs
+            )
+            if response.status != 404 or version == KUEUE_VERSIONS[-1]:
+                return response
+            response.release()
+        raise AssertionError("unreachable")
+
+    return list_fn
 
 
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim_replica_set(rs: Obj) -> Obj:
+    """A ReplicaSet's identity, owner, desired-replicas annotation and replicas: not its template."""
+    meta = rs.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences") if k in meta}
+    if isinstance(annotations, Mapping):
+        slim_meta["annotations"] = {k: v for k, v in annotations.items() if k.startswith("deployment.kubernetes.io/")}
+    out: Obj = {"metadata": slim_meta, "spec": {"replicas": (rs.get("spec") or {}).get("replicas")}}
+    for key in ("kind", "apiVersion"):
+        if key in rs:
+            out[key] = rs[key]
+    return out
 
 
 def slim_pod(pod: Obj) -> Obj:
@@ -54,10 +97,12 @@ def default_watches(
     namespace: str,
     *,
     pods: bool = True,
-    local_queues: bool = True,
+    kueue: bool = True,
     timing: WatchTiming | None = None,
 ) -> list[ResourceWatch]:
-    """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, LocalQueues, pods."""
+    """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, Kueue's
+    LocalQueues, ClusterQueues, ResourceFlavors and Topologies (optional: absent while Kueue's CRDs
+    are), ReplicaSets (Deployment pods' group) and pods."""
     timing = timing or WatchTiming()
     core = CoreV1Api(api)
     watches = [
@@ -70,17 +115,18 @@ def default_watches(
             timing=timing,
         ),
     ]
-    if local_queues:
+    if kueue:
         custom = CustomObjectsApi(api)
-        watches.append(
-            ResourceWatch(
-                "LocalQueue",
-                partial(custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, LOCAL_QUEUES),
-                optional=True,
-                timing=timing,
-            )
+        watches.extend(
+            ResourceWatch(kind, kueue_list(custom, plural), optional=True, timing=timing)
+            for kind, plural in KUEUE_KINDS.items()
         )
     if pods:
+        watches.append(
+            ResourceWatch(
+                "ReplicaSet", AppsV1Api(api).list_replica_set_for_all_namespaces, slim=slim_replica_set, timing=timing
+            )
+        )
         watches.append(ResourceWatch("Pod", core.list_pod_for_all_namespaces, slim=slim_pod, timing=timing))
     return watches
 
@@ -91,8 +137,8 @@ def cache_watcher(
     namespace: str,
     *,
     pods: bool = True,
-    local_queues: bool = True,
+    kueue: bool = True,
     timing: WatchTiming | None = None,
 ) -> KubeWatcher:
     """The watches that feed the admission caches, ready to start."""
-    return KubeWatcher(state, default_watches(api, namespace, pods=pods, local_queues=local_queues, timing=timing))
+    return KubeWatcher(state, default_watches(api, namespace, pods=pods, kueue=kueue, timing=timing))
