@@ -49,6 +49,12 @@ class LoopbackAuthorizer:
     async def authorize_admin(self, token: str | None) -> Principal:
         return self._check()
 
+    async def authorize_project_for(self, principal: Principal | None, namespace: str) -> Principal:
+        return self._check()
+
+    async def authorize_admin_for(self, principal: Principal | None) -> Principal:
+        return self._check()
+
 
 def folder_mode_routes(state: ClusterState, state_dir: Path, host: str) -> list[web.RouteDef]:
     views = GpuViews(state, RunaiSnapshotDirectory(state_dir))

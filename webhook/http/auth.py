@@ -255,7 +255,17 @@ class KubeAuthorizer:
         return cached
 
     async def authorize_project(self, token: str | None, namespace: str) -> Principal:
-        principal = await self.authenticate(token)
+        return await self.authorize_project_for(await self.authenticate(token), namespace)
+
+    async def authorize_admin(self, token: str | None) -> Principal:
+        return await self.authorize_admin_for(await self.authenticate(token))
+
+    # A principal reviewed earlier (the console's session holds one, never the token): asked by
+    # SubjectAccessReview with its username, uid, groups and extra, as the apiserver authorizes a
+    # request that impersonates exactly that user.
+    async def authorize_project_for(self, principal: Principal | None, namespace: str) -> Principal:
+        if principal is None:
+            raise Unauthenticated("not signed in")
         allowed, reason = await self._allowed(principal, self.project_check, namespace)
         if not allowed:
             raise Forbidden(
@@ -264,8 +274,9 @@ class KubeAuthorizer:
             )
         return principal
 
-    async def authorize_admin(self, token: str | None) -> Principal:
-        principal = await self.authenticate(token)
+    async def authorize_admin_for(self, principal: Principal | None) -> Principal:
+        if principal is None:
+            raise Unauthenticated("not signed in")
         if self.admin_groups.intersection(principal.groups):
             return principal
         reason = ""
