@@ -26,10 +26,12 @@ from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
 from tests.test_departments import Env, environment
 from webhook.console import Console, console_routes
-from webhook.console.session import COOKIE, Sessions, shared_key
+from webhook.console.keys import KeyFile, format_keys, new_key
+from webhook.console.session import COOKIE, Sessions
+from webhook.console.signouts import Signouts, signouts_watcher
 from webhook.console.wording import advice
 from webhook.core.gpu_view import GpuWarning
-from webhook.http.auth import AccessCheck, KubeAuthorizer
+from webhook.http.auth import AccessCheck, KubeAuthorizer, Principal
 from webhook.http.gpu_api import GpuViews
 from webhook.http.scheduling_api import project_offer
 from webhook.runai.client import RunaiError
@@ -45,6 +47,7 @@ EVIL = "x=<script>alert('pwned')</script>"
 class Served:
     env: Env
     srv: HttpsServer
+    keys: KeyFile
 
     def url(self, path: str) -> str:
         return self.srv.url(path)
@@ -63,34 +66,52 @@ class Served:
         return found.group(1)
 
 
+def with_users(env: Env) -> None:
+    """Project p1, root (a cluster admin) and bob (who may read p1)."""
+    env.project_ns("p1", runai_department="default")
+    env.state.apply(env.kube.get_object("Namespace", "p1") or {})
+    env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
+    env.kube.allow("group:system:masters")
+    env.kube.add_user(BOB_TOKEN, "bob", groups=["system:authenticated"])
+    env.kube.allow("bob", "get", "pods", "p1")
+
+
+def cluster_console(env: Env, sessions: Sessions, signouts: Signouts, reader_ttl_s: float = 30.0) -> web.Application:
+    """The console as the runtime wires it in cluster mode, over the emulator and the stand-in."""
+    reader = KubeAuthorizer(env.kapi, ttl_s=reader_ttl_s)
+    console = Console(
+        GpuViews(env.state, None),
+        reader,
+        sign_in=reader.authenticate,
+        actor=KubeAuthorizer(env.kapi, admin_check=AccessCheck("update", "namespaces")),
+        mover=env.mover(runai_departments=lambda: {"default", "ml", "research"}),
+        sessions=sessions,
+        signouts=signouts,
+    )
+    return cache_app(env.state, routes=console_routes(console))
+
+
 @pytest.fixture
 async def served(tmp_path: Path, https_server: StartHttpsServer) -> AsyncIterator[Served]:
+    key_path = tmp_path / "session-keys"
+    key_path.write_text(format_keys([new_key(0)]))
+    keys = KeyFile(key_path)
+    keys.reload_now()
     async with environment(tmp_path) as env:
-        env.project_ns("p1", runai_department="default")
-        env.state.apply(env.kube.get_object("Namespace", "p1") or {})
-        env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
-        env.kube.allow("group:system:masters")
-        env.kube.add_user(BOB_TOKEN, "bob", groups=["system:authenticated"])
-        env.kube.allow("bob", "get", "pods", "p1")
-        reader = KubeAuthorizer(env.kapi)
-        console = Console(
-            GpuViews(env.state, None),
-            reader,
-            sign_in=reader.authenticate,
-            actor=KubeAuthorizer(env.kapi, admin_check=AccessCheck("update", "namespaces")),
-            mover=env.mover(runai_departments=lambda: {"default", "ml", "research"}),
-        )
-        srv = await https_server(cache_app(env.state, routes=console_routes(console)))
-        yield Served(env, srv)
+        with_users(env)
+        signouts = Signouts(env.kapi)
+        async with signouts_watcher(signouts, env.api, "hopsworks"):
+            srv = await https_server(cluster_console(env, Sessions(keys.ring), signouts))
+            yield Served(env, srv, keys)
 
 
-async def test_sign_in_keeps_the_token_only_in_an_encrypted_session_cookie(served: Served) -> None:
+async def test_sign_in_keeps_only_who_signed_in_in_an_encrypted_session_cookie(served: Served) -> None:
     resp = await served.sign_in(next_page="/ui/projects/p1")
     assert resp.status == 303 and resp.headers["Location"] == "/ui/projects/p1"
     cookie = resp.headers["Set-Cookie"]
-    assert cookie.startswith(f"{COOKIE}=")
-    for flag in ("HttpOnly", "Secure", "SameSite=Strict", "Path=/ui/"):
-        assert flag in cookie, cookie
+    assert cookie.startswith(f"{COOKIE}=") and COOKIE.startswith("__Host-")
+    for flag in ("HttpOnly", "Secure", "SameSite=Strict", "Path=/;"):
+        assert flag in cookie + ";", cookie
     assert "expires" not in cookie.lower() and "max-age" not in cookie.lower()  # gone with the browser session
     assert ROOT_TOKEN not in cookie
     async with served.srv.session.get(served.url("/ui/projects/p1")) as page:
@@ -102,7 +123,7 @@ async def test_sign_in_keeps_the_token_only_in_an_encrypted_session_cookie(serve
 async def test_a_bad_token_is_not_signed_in(served: Served) -> None:
     resp = await served.sign_in("stolen")
     assert resp.status == 401 and "Set-Cookie" not in resp.headers
-    resp = await served.sign_in("x" * 5000)
+    resp = await served.sign_in("x" * 20_000)  # longer than any token Kubernetes issues: not even reviewed
     assert resp.status == 400 and "Set-Cookie" not in resp.headers
     assert served.env.kube.calls("POST", "/apis/authentication.k8s.io/v1/tokenreviews")  # asked once, for "stolen"
 
@@ -116,9 +137,10 @@ async def test_after_sign_in_the_browser_only_goes_back_into_the_console(served:
 async def test_a_page_without_a_session_asks_to_sign_in(served: Served) -> None:
     async with served.srv.session.get(served.url("/ui/projects/p1?kind=job"), allow_redirects=False) as resp:
         assert resp.status == 303 and resp.headers["Location"] == "/ui/signin?next=%2Fui%2Fprojects%2Fp1%3Fkind%3Djob"
-    # A cookie sealed with another process's key (another replica, a restart) is no session.
+    # A cookie sealed with another key (another installation, a key rotated out) is no session.
     response = web.Response()
-    Sessions().issue(response, ROOT_TOKEN)
+    other = Sessions.ephemeral()
+    other.put(response, other.start(Principal("root", groups=("system:masters",))))
     value = response.cookies[COOKIE].value
     async with served.srv.session.get(
         served.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={value}"}, allow_redirects=False
@@ -262,15 +284,20 @@ async def test_the_snapshot_is_read_again_when_the_folder_changes(tmp_path: Path
 async def test_a_session_made_on_one_replica_is_good_on_the_other(
     served: Served, https_server: StartHttpsServer
 ) -> None:
-    """Behind the Service a browser's requests reach either replica; both mount the same serving key
-    and derive the session key from it, so a sign-in on one is a sign-in on both."""
+    """Behind the Service a browser's requests reach either replica; both mount the same session
+    key Secret, so a sign-in on one is a sign-in on both."""
     env = served.env
-    key_file = served.srv.certs.key_file
+    signouts = Signouts(env.kapi)
+    signouts.synced["ConfigMap/scheduling-webhook-console-signouts"] = True  # none yet
 
     def replica() -> web.Application:
         reader = KubeAuthorizer(env.kapi)
         console = Console(
-            GpuViews(env.state, None), reader, sign_in=reader.authenticate, sessions=Sessions(key=shared_key(key_file))
+            GpuViews(env.state, None),
+            reader,
+            sign_in=reader.authenticate,
+            sessions=Sessions(served.keys.ring),
+            signouts=signouts,
         )
         return cache_app(env.state, routes=console_routes(console))
 
@@ -284,8 +311,8 @@ async def test_a_session_made_on_one_replica_is_good_on_the_other(
         second.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={cookie}"}, allow_redirects=False
     ) as resp:
         assert resp.status == 200, resp.headers.get("Location")
-    # Another serving key (another installation) derives another session key.
-    assert Sessions(key=shared_key(served.srv.certs.ca_file)).read_value(cookie) is None
+    # Another installation's key opens nothing of it.
+    assert Sessions.ephemeral().open(cookie) is None and Sessions(served.keys.ring).open(cookie) is not None
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,8 @@ from tests.support.https import LOOPBACK, CertFiles, client_ssl_context, free_po
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, write_kubeconfig
+from webhook.console.keys import format_keys, new_key
+from webhook.console.session import COOKIE
 from webhook.core.quota import format_gpus
 from webhook.runtime import Runtime, ServeOptions
 
@@ -305,6 +307,8 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIt
         secret_dir = tmp_path / "runai-secret"
         secret_dir.mkdir()
         (secret_dir / "clientSecret").write_text(SECRET)
+        console_keys = tmp_path / "console-session-keys"
+        console_keys.write_text(format_keys([new_key(0)]))
         options = ServeOptions(
             host=LOOPBACK,
             port=free_port(),
@@ -312,6 +316,7 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIt
             kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN),
             namespace="hopsworks",
             runai_secret_dir=secret_dir,
+            console_keys=console_keys,
             drain_seconds=0.0,
         )
         served = await _serve(options, certs, browser)
@@ -451,7 +456,23 @@ async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(clu
     await page.keys(Keys.ENTER, navigates=True)
     assert await page.path() == "/ui/projects/alpha?kind=job"
     assert "for a job" in await page.text("#gpu-offer")
-    # Signing out forgets the token: the next page asks again.
+    # The session cookie as Chromium keeps it: __Host-, Path=/, HttpOnly, Secure, Strict.
+    cookies = {c["name"]: c for c in await page.run(page.browser.driver.get_cookies)}
+    session = cookies[COOKIE]
+    assert (session["path"], session["httpOnly"], session["secure"], session["sameSite"]) == ("/", True, True, "Strict")
+    assert session.get("domain", "localhost") == "localhost"  # host-only: no Domain attribute
+    # Signing out ends the session: the next page asks again, and a copy of the cookie (as someone
+    # who took it would replay it) is refused by the server too.
     await page.click("header form.signout button")
     await page.open("/ui/projects/alpha")
     assert (await page.path()).startswith("/ui/signin")
+    connector = aiohttp.TCPConnector(ssl=client_ssl_context(cluster.certs.ca.cert_pem))
+    async with (
+        aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as http,
+        http.get(
+            cluster.base_url + "/ui/projects/alpha",
+            headers={"Cookie": f"{COOKIE}={session['value']}"},
+            allow_redirects=False,
+        ) as replay,
+    ):
+        assert replay.status == 303 and replay.headers["Location"].startswith("/ui/signin")

@@ -26,6 +26,7 @@ import yaml
 
 from tests.support.apps import cache_app
 from tests.support.https import LOOPBACK
+from webhook.console.signouts import SIGNOUTS_CONFIGMAP
 from webhook.manifests import render
 from webhook.quota.reservations import RESERVATIONS_LABEL
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
@@ -218,8 +219,13 @@ def test_uninstall_covers_everything_the_server_leaves_behind() -> None:
             assert obj["metadata"]["name"] in uninstall
     deployment = next(o for o in rendered if o["kind"] == "Deployment")
     tls_secret = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "certs")
+    console_secret = next(
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "console-session-keys"
+    )
     for needed in (
         f"secret {tls_secret['secret']['secretName']}",
+        f"{console_secret['secret']['secretName']} --ignore-not-found",
+        f"configmap {SIGNOUTS_CONFIGMAP}",
         f"configmap -l {RESERVATIONS_LABEL}",
         f"lease {ServeOptions().lease_name}",
         FINALIZER,

@@ -43,6 +43,7 @@ from tests.support.kube_emulator import (
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import binding_settled, write_kubeconfig
+from webhook.console.signouts import SIGNOUTS_CONFIGMAP
 from webhook.manifests import render
 from webhook.runai.left import LEFT_CONFIGMAP
 from webhook.runtime import Runtime, ServeOptions
@@ -268,6 +269,9 @@ async def life(tmp_path_factory: pytest.TempPathFactory) -> Life:
         status, _ = await c.call("POST", "/api/v1/admin/projects/vision/move", "alice-token", {"department": None})
         assert status == 403, "alice may read the project, not move it"
 
+        # The console: sign in and out twice (the sign-out list is created, then patched).
+        facts["signouts"] = [await console_sign_in_and_out(c, "alice-token") for _ in range(2)]
+
         # Deletion: the Run:ai project goes, then our finalizer, then the namespace.
         emu.delete_object("Namespace", "vision")
         await wait_until(lambda: c.runai.project("vision") is None, within=15, what="Run:ai project deleted")
@@ -278,6 +282,21 @@ async def life(tmp_path_factory: pytest.TempPathFactory) -> Life:
     # After shutdown: the Lease is released for a successor.
     facts["released"] = emu.get_object("Lease", lease, INSTALL_NS)["spec"]["holderIdentity"]  # type: ignore[index]
     return Life(emu, c.sa_user, c.manifests, facts)
+
+
+async def console_sign_in_and_out(c: Cluster, token: str) -> int:
+    origin = {"Origin": c.base}
+    async with c.session.post(
+        f"{c.base}/ui/signin", data={"token": token}, headers=origin, allow_redirects=False
+    ) as resp:
+        assert resp.status == 303, await resp.text()
+    async with c.session.get(f"{c.base}/ui/") as resp:
+        found = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+    assert found is not None
+    async with c.session.post(
+        f"{c.base}/ui/signout", data={"csrf": found.group(1)}, headers=origin, allow_redirects=False
+    ) as resp:
+        return resp.status
 
 
 def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
@@ -311,6 +330,7 @@ def test_the_rendered_rbac_is_enough(life: Life) -> None:
     assert facts["reservation_writes"][:1] == ["POST"] and facts["reservation_writes"].count("PUT") >= 2
     assert facts["renewals"] >= 1, "the Lease was renewed"
     assert facts["released"] == "", "the Lease was released on stop"
+    assert facts["signouts"] == [303, 303], "both console sign-outs were recorded"
     used = {(r.verb, r.group, r.resource) for r in emu.granted if r.user == life.sa_user}
     for needed in [
         ("list", "", "namespaces"), ("watch", "", "namespaces"), ("patch", "", "namespaces"), ("get", "", "namespaces"),
@@ -322,6 +342,7 @@ def test_the_rendered_rbac_is_enough(life: Life) -> None:
         ("list", "apps", "replicasets"), ("watch", "apps", "replicasets"),
         ("list", "", "configmaps"), ("watch", "", "configmaps"),
         ("create", "", "configmaps"), ("get", "", "configmaps"), ("update", "", "configmaps"),
+        ("patch", "", "configmaps"),
         ("create", "coordination.k8s.io", "leases"), ("get", "coordination.k8s.io", "leases"),
         ("update", "coordination.k8s.io", "leases"),
         ("create", "", "events"),
@@ -341,7 +362,9 @@ def test_every_write_stays_inside_the_admission_policies(life: Life) -> None:
         assert f"'{life.sa_user}'" in condition["expression"]
     namespaces = policies["hopsworks-scheduling-webhook-namespaces"]["spec"]
     owned = {v["name"]: set(ast.literal_eval(v["expression"])) for v in namespaces["variables"]}
-    patches = [r for r in life.emu.requests if r.method == "PATCH" and r.path.startswith("/api/v1/namespaces/")]
+    patches = [
+        r for r in life.emu.requests if r.method == "PATCH" and re.fullmatch(r"/api/v1/namespaces/[^/]+", r.path)
+    ]
     assert len(patches) >= 3, "binding, move and finalizer removal all patch the namespace"
     for r in patches:
         meta = r.body["metadata"]
@@ -351,17 +374,21 @@ def test_every_write_stays_inside_the_admission_policies(life: Life) -> None:
     own = policies["hopsworks-scheduling-webhook-own-objects"]["spec"]["validations"]
     prefix = re.search(r"startsWith\('([^']+)'\)", own[0]["expression"]).group(1)  # type: ignore[union-attr]
     label = re.search(r"'([^']+)' in variables.target.metadata.labels", own[0]["expression"]).group(1)  # type: ignore[union-attr]
-    record = re.search(r"name == '([^']+)'", own[0]["expression"]).group(1)  # type: ignore[union-attr]
-    assert record == LEFT_CONFIGMAP
+    records = set(re.findall(r"name == '([^']+)'", own[0]["expression"]))
+    assert records == {LEFT_CONFIGMAP, SIGNOUTS_CONFIGMAP}
     lease = re.search(r"name == '([^']+)'", own[1]["expression"]).group(1)  # type: ignore[union-attr]
     assert lease == lease_name(life.manifests)
     configmap_writes = [
-        r for r in life.emu.requests if r.method in ("POST", "PUT", "DELETE") and "/configmaps" in r.path
+        r for r in life.emu.requests if r.method in ("POST", "PUT", "PATCH", "DELETE") and "/configmaps" in r.path
     ]
     assert configmap_writes
+    assert {r.method for r in configmap_writes if SIGNOUTS_CONFIGMAP in r.path + json.dumps(r.body)} == {
+        "POST",
+        "PATCH",
+    }
     for r in configmap_writes:
         name = r.path.rsplit("/", 1)[1] if r.method != "POST" else r.body["metadata"]["name"]
-        if name == record:
+        if name in records:
             continue
         assert name.startswith(prefix), r.path
         if r.method != "DELETE":

@@ -1,4 +1,4 @@
-"""`scheduling-webhook` command line: serve, certs, manifests, review, admin."""
+"""`scheduling-webhook` command line: serve, certs, console-keys, manifests, review, admin."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")
     serve.add_argument(
+        "--console-keys",
+        default=None,
+        help="the console's session key file, as `console-keys` writes it (without: a key of this process only)",
+    )
+    serve.add_argument(
         "--installer",
         action="append",
         default=[],
@@ -74,6 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-valid",
         action="store_true",
         help="keep tls.crt when the CA signed it, it names every name asked for and has 30+ days left",
+    )
+
+    keys = command(
+        "console-keys",
+        "write the console's session key file, or rotate it: a new key sealing after --activate-in, "
+        "keys nothing valid is sealed with dropped",
+    )
+    keys.add_argument("--file", default="certs/cluster/console-session-keys", help="the key file (0600)")
+    # The kubelet updates a mounted Secret within its sync period (a minute) plus its cache's; five
+    # minutes leave room for both on every node before any replica seals with the new key.
+    keys.add_argument(
+        "--activate-in",
+        type=int,
+        default=300,
+        help="seconds until the new key seals: longer than the kubelet takes to update every replica's mount",
+    )
+    keys.add_argument(
+        "--replace", action="store_true", help="one new key at once and nothing else: signs every user out"
     )
 
     manifests = command("manifests", "render manifests/ with a values file")
@@ -142,6 +165,10 @@ def _run(argv: list[str] | None) -> int:
         from webhook.certs_cli import certs_command
 
         return certs_command(args)
+    if args.command == "console-keys":
+        from webhook.console.keys_cli import console_keys_command
+
+        return console_keys_command(args)
     if args.command == "manifests":
         from webhook.manifests import manifests_command
 

@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from errno import EADDRINUSE
 from pathlib import Path
@@ -50,6 +51,8 @@ class ServeOptions:
     namespace: str = "hopsworks"
     client_ca: Path | None = None
     runai_secret_dir: Path | None = None
+    # The console's session keys (webhook.console.keys); None: a key of this process only.
+    console_keys: Path | None = None
     installers: tuple[str, ...] = ()
     service_account: str = "scheduling-webhook"
     lease_name: str = "scheduling-webhook-leader"
@@ -71,6 +74,7 @@ class ServeOptions:
             namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
             client_ca=Path(args.client_ca) if args.client_ca else None,
             runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
+            console_keys=Path(args.console_keys) if args.console_keys else None,
             installers=tuple(args.installer)
             + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
@@ -147,6 +151,7 @@ class Runtime:
         self._listeners: list[Listener] = []
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
+        self._readiness: list[Callable[[], str | None]] = []  # besides the caches and the certificate
 
     async def start(self) -> None:
         try:
@@ -191,7 +196,7 @@ class Runtime:
             self.state,
             handlers=handlers,
             routes=routes,
-            readiness=[lambda: None if certs.ready else "serving certificate"],
+            readiness=[lambda: None if certs.ready else "serving certificate", *self._readiness],
         )
         self.runner = web.AppRunner(
             self.app,
@@ -247,7 +252,9 @@ class Runtime:
 
     async def _start_cluster_parts(self, api_client: ApiClient) -> tuple[ClusterParts, list[web.RouteDef]]:
         from webhook.console import Console, console_routes
-        from webhook.console.session import Sessions, shared_key
+        from webhook.console.keys import KeyFile
+        from webhook.console.session import Sessions
+        from webhook.console.signouts import Signouts, signouts_watcher
         from webhook.http.admin_api import admin_routes, authorize_with
         from webhook.http.auth import AccessCheck, KubeAuthorizer
         from webhook.http.gpu_api import DirectoryAdapter, GpuViews
@@ -291,6 +298,21 @@ class Runtime:
             lookup=runai.lookup_project,
             left_in_runai=runai.left.load,
         )
+        if options.console_keys is not None:
+            # The Secret every replica mounts: a session sealed on one is good on the other.
+            key_file = KeyFile(options.console_keys)
+            await key_file.start()
+            self._stoppers.append(key_file)
+            sessions = Sessions(key_file.ring)
+        else:
+            log.warning("no --console-keys: console sessions are good on this process only")
+            sessions = Sessions.ephemeral()
+        signouts = Signouts(kube)
+        signouts_watch = signouts_watcher(signouts, api_client, options.namespace)
+        await signouts_watch.start()
+        self._stoppers.append(signouts_watch)
+        # Console traffic goes to a replica only once it can tell a signed-out session.
+        self._readiness.append(lambda: None if signouts.ready else "console sign-outs")
         routes = [
             *views.routes(gpu_auth),
             *scheduling_routes(views, gpu_auth),
@@ -302,8 +324,8 @@ class Runtime:
                     sign_in=gpu_auth.authenticate,
                     actor=admin_auth,
                     mover=mover,
-                    # Derived from the serving key every replica mounts: a session is good on each.
-                    sessions=Sessions(key=shared_key(options.certs / "tls.key")),
+                    sessions=sessions,
+                    signouts=signouts,
                 )
             ),
         ]

@@ -5,8 +5,9 @@ admin actions through `move_project_answer` / `delete_department_answer` (the ad
 page asks the same authorizer as its API: a project page is for whoever may read the project's GPU
 view, the admin pages for admins, the admin actions for those the admin API lets act.
 
-Cluster mode: the user signs in with a Kubernetes token (kept in an encrypted session cookie, see
-`session.py`); folder mode (`serve --state`, loopback only): no sign-in, and admin actions say
+Cluster mode: the user signs in with a Kubernetes token; the session cookie holds who the
+TokenReview said they are, never the token (`session.py`), and a sign-out ends it on every replica
+(`signouts.py`). Folder mode (`serve --state`, loopback only): no sign-in, and admin actions say
 they need a cluster.
 """
 
@@ -22,13 +23,26 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from webhook.console.session import Session, SessionError, Sessions, check_form
+from webhook.console.session import (
+    COOKIE,
+    LEGACY_COOKIE,
+    LEGACY_PATH,
+    NoSessionKeys,
+    Session,
+    SessionError,
+    Sessions,
+    check_form,
+    safe_next,
+    session_cookies,
+    token_expiry,
+)
+from webhook.console.signouts import SignoutError, Signouts
 from webhook.console.wording import advice
 from webhook.core.admin_view import AdminProject, RunaiAdminView
 from webhook.core.departments import department_name_error
 from webhook.core.quota import format_gpus
 from webhook.http.admin_api import Mover, delete_department_answer, move_project_answer
-from webhook.http.auth import AuthError, Authorizer
+from webhook.http.auth import AuthError, Principal
 from webhook.http.gpu_api import NO_RUNAI_DATA, GpuViews
 from webhook.http.scheduling_api import NotAProject, project_offer
 
@@ -51,24 +65,38 @@ _SECURITY_HEADERS = {
 class SignIn(Protocol):
     """Checks a token by TokenReview (`webhook.http.auth.KubeAuthorizer.authenticate`)."""
 
-    def __call__(self, token: str | None) -> Awaitable[Any]: ...
+    def __call__(self, token: str | None) -> Awaitable[Principal]: ...
+
+
+class Reader(Protocol):
+    """Who may read a project's pages and the admin pages, asked for a signed-in principal
+    (`KubeAuthorizer`: SubjectAccessReview; folder mode: `LoopbackAuthorizer`)."""
+
+    def authorize_project_for(self, principal: Principal | None, namespace: str) -> Awaitable[Principal]: ...
+
+    def authorize_admin_for(self, principal: Principal | None) -> Awaitable[Principal]: ...
 
 
 class ActionAuthorizer(Protocol):
-    """Who may move projects and delete departments (`KubeAuthorizer.authorize_admin` with the
+    """Who may move projects and delete departments (`KubeAuthorizer.authorize_admin_for` with the
     admin API's check)."""
 
-    def authorize_admin(self, token: str | None) -> Awaitable[Any]: ...
+    def authorize_admin_for(self, principal: Principal | None) -> Awaitable[Principal]: ...
 
 
 @dataclass
 class Console:
     views: GpuViews
-    reader: Authorizer  # the GPU API's authorizer: project pages and admin pages
+    reader: Reader  # the GPU API's checks: project pages and admin pages
     sign_in: SignIn | None = None  # None: folder mode, no sign-in
-    actor: ActionAuthorizer | None = None  # the admin API's authorizer
+    actor: ActionAuthorizer | None = None  # the admin API's check
     mover: Mover | None = None  # None: admin actions need cluster mode
-    sessions: Sessions = field(default_factory=Sessions)
+    sessions: Sessions = field(default_factory=Sessions.ephemeral)
+    signouts: Signouts | None = None  # with sign-in, required: a sign-out must end the session
+
+    def __post_init__(self) -> None:
+        if self.sign_in is not None and self.signouts is None:
+            raise ValueError("a console with sign-in needs the sign-out list (Signouts)")
 
     @property
     def open(self) -> bool:
@@ -87,6 +115,20 @@ def _environment() -> jinja2.Environment:
     env.filters["advice"] = advice
     env.filters["urlpart"] = lambda v: quote(str(v), safe="")
     return env
+
+
+_RENEWED: web.RequestKey[Session] = web.RequestKey("console_session_renewed", Session)
+_SIGNOUTS_NOT_READ = (
+    "this replica has not read the list of signed-out sessions from the Kubernetes API yet; try again in a moment"
+)
+_TWO_COOKIES = (
+    "this browser sent two console session cookies, one of them set by another site on this host (another "
+    "port of localhost, for instance). Neither is used: clear this site's cookies and sign in again."
+)
+_SIGNOUT_NOT_RECORDED = (
+    "the Kubernetes API did not take the sign-out, so a copy of this session's cookie stays good until it "
+    "has been unused for {minutes} minutes. This browser has forgotten it."
+)
 
 
 def _see_other(location: str) -> web.Response:
@@ -119,20 +161,34 @@ def console_routes(console: Console) -> list[web.RouteDef]:
         return _Stop(render(request, "problem.html", status, session, title=title, reason=reason, code=status))
 
     def session_of(request: web.Request) -> Session | None:
-        """The signed-in session; in cluster mode without one, a redirect to the sign-in page."""
+        """The signed-in session; in cluster mode without one, a redirect to the sign-in page.
+        A session due for it is sealed again (`page` puts the new cookie on the answer)."""
         if console.open:
             return None
-        session = console.sessions.read(request)
+        values = session_cookies(request)
+        session = console.sessions.open(values[0]) if values else None
+        if session is not None and console.signouts is not None:
+            if not console.signouts.ready:
+                raise problem(request, 503, "The console is starting", _SIGNOUTS_NOT_READ, None)
+            if console.signouts.signed_out(session):
+                session = None
         if session is None:
             target = request.path_qs if request.method == "GET" else "/ui/"
-            raise _Stop(_see_other("/ui/signin?" + urlencode({"next": target})))
+            response = _see_other("/ui/signin?" + urlencode({"next": target}))
+            if values:
+                Sessions.clear(response)
+            raise _Stop(response)
+        renewed = console.sessions.renewal(session)
+        if renewed is not None:
+            request[_RENEWED] = renewed
+            session = renewed
         return session
 
     async def authorized(
-        request: web.Request, session: Session | None, check: Callable[[str | None], Awaitable[Any]]
-    ) -> Any:
+        request: web.Request, session: Session | None, check: Callable[[Principal | None], Awaitable[Principal]]
+    ) -> Principal:
         try:
-            return await check(session.token if session else None)
+            return await check(session.principal if session else None)
         except AuthError as exc:
             if exc.status == 401:
                 response = _see_other("/ui/signin?" + urlencode({"next": request.path, "expired": "1"}))
@@ -143,10 +199,24 @@ def console_routes(console: Console) -> list[web.RouteDef]:
 
     def page(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
         async def run(request: web.Request) -> web.StreamResponse:
+            if not console.open and len(session_cookies(request)) > 1:
+                # Another port of this host (cookies ignore ports) or an old browser set one of its
+                # own: guessing which is ours would let it sign the user in or out.
+                refused = render(request, "problem.html", 400, None, title="Two session cookies",
+                                 reason=_TWO_COOKIES, code=400)  # fmt: skip
+                Sessions.clear(refused)
+                return refused
+            response: web.StreamResponse
             try:
-                return await handler(request)
+                response = await handler(request)
             except _Stop as stop:
-                return stop.response
+                response = stop.response
+            renewed = request.get(_RENEWED)
+            if renewed is not None and COOKIE not in response.cookies:
+                console.sessions.put(response, renewed)
+            if LEGACY_COOKIE in request.cookies:
+                response.del_cookie(LEGACY_COOKIE, path=LEGACY_PATH)
+            return response
 
         return run
 
@@ -158,10 +228,10 @@ def console_routes(console: Console) -> list[web.RouteDef]:
             raise _Stop(_see_other(f"/ui/projects/{quote(wanted.strip(), safe='')}"))
         admin = True
         try:
-            await console.reader.authorize_admin(session.token if session else None)
+            await console.reader.authorize_admin_for(session.principal if session else None)
         except AuthError as exc:
             if exc.status != 403:
-                await authorized(request, session, console.reader.authorize_admin)  # sign-in or error page
+                await authorized(request, session, console.reader.authorize_admin_for)  # sign-in or error page
             admin = False
         snapshot = console.views.state.snapshot()
         projects = sorted(ns.name for ns in snapshot.namespaces.values() if ns.is_project) if admin else []
@@ -170,7 +240,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
     async def project(request: web.Request) -> web.StreamResponse:
         session = session_of(request)
         namespace = request.match_info["namespace"]
-        await authorized(request, session, lambda token: console.reader.authorize_project(token, namespace))
+        await authorized(request, session, lambda who: console.reader.authorize_project_for(who, namespace))
         gpus = await console.views.project(namespace)
         if gpus is None:
             raise problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
@@ -191,7 +261,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
 
     async def admin(request: web.Request) -> web.StreamResponse:
         session = session_of(request)
-        await authorized(request, session, console.reader.authorize_admin)
+        await authorized(request, session, console.reader.authorize_admin_for)
         view = admin_data(request, session)
         counts: dict[str, int] = {}
         for p in view.projects:
@@ -201,7 +271,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
     async def department(request: web.Request) -> web.StreamResponse:
         session = session_of(request)
         name = request.match_info["name"]
-        await authorized(request, session, console.reader.authorize_admin)
+        await authorized(request, session, console.reader.authorize_admin_for)
         view = admin_data(request, session)
         row = next((d for d in view.departments if d.name == name), None)
         projects = [p for p in view.projects if p.department == name]
@@ -230,7 +300,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
     async def move_confirm(request: web.Request) -> web.StreamResponse:
         session = session_of(request)
         namespace = request.match_info["namespace"]
-        await authorized(request, session, console.reader.authorize_admin)
+        await authorized(request, session, console.reader.authorize_admin_for)
         view = admin_data(request, session)
         row = find_project(view, namespace)
         if row is None:
@@ -252,7 +322,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
     async def delete_confirm(request: web.Request) -> web.StreamResponse:
         session = session_of(request)
         name = request.match_info["name"]
-        await authorized(request, session, console.reader.authorize_admin)
+        await authorized(request, session, console.reader.authorize_admin_for)
         view = admin_data(request, session)
         projects = [p for p in view.projects if p.department == name]
         return render(
@@ -282,8 +352,8 @@ def console_routes(console: Console) -> list[web.RouteDef]:
                 "against a cluster (without --state) to do it",
                 session,
             )
-        principal = await authorized(request, session, console.actor.authorize_admin)
-        return session, fields, str(getattr(principal, "username", principal))
+        principal = await authorized(request, session, console.actor.authorize_admin_for)
+        return session, fields, principal.username
 
     async def move(request: web.Request) -> web.StreamResponse:
         namespace = request.match_info["namespace"]
@@ -303,17 +373,18 @@ def console_routes(console: Console) -> list[web.RouteDef]:
         return render(request, "delete_result.html", status, session, name=name, answer=answer, ok=status == 200)
 
     # -- sign-in -----------------------------------------------------------------------------------
-    def next_target(value: str | None) -> str:
-        # Only back into the console: never an open redirect to another site.
-        if value and value.startswith("/ui/") and "//" not in value and "\\" not in value:
-            return value
-        return "/ui/"
+    def next_target(value: object) -> str:
+        # Only back into the console, and only a path that is a header value as it stands: never
+        # an open redirect, never a header split by a CR/LF.
+        return safe_next(value) or "/ui/"
 
     async def signin_form(request: web.Request) -> web.StreamResponse:
         if console.open:
             raise _Stop(_see_other("/ui/"))
         expired = request.query.get("expired") == "1"
-        message = "Your token is no longer accepted; sign in again." if expired else ""
+        message = "You are no longer signed in; sign in again." if expired else ""
+        if request.query.get("signedout") == "1":
+            message = "Signed out."
         return render(request, "signin.html", next=next_target(request.query.get("next")), message=message)
 
     async def signin(request: web.Request) -> web.StreamResponse:
@@ -324,12 +395,15 @@ def console_routes(console: Console) -> list[web.RouteDef]:
             raise problem(request, 403, "Refused", refused, None)
         form = await request.post()
         token = form.get("token")
-        target = next_target(str(form.get("next") or ""))
+        target = next_target(form.get("next"))
         response = _see_other(target)
         try:
             token = Sessions.usable(token if isinstance(token, str) else "")
-            await console.sign_in(token)  # TokenReview, as every API call's token gets
-            console.sessions.issue(response, token)
+            principal = await console.sign_in(token)  # TokenReview, as every API call's token gets
+            # The session keeps who the token belongs to, never the token.
+            console.sessions.put(response, console.sessions.start(principal, token_expiry(token)))
+        except NoSessionKeys as exc:
+            raise problem(request, 503, "Sign-in is off", str(exc), None) from None
         except SessionError as exc:
             return render(request, "signin.html", 400, next=target, message=str(exc))
         except AuthError as exc:
@@ -345,7 +419,17 @@ def console_routes(console: Console) -> list[web.RouteDef]:
         refused = check_form(request, session, csrf if isinstance(csrf, str) else None)
         if refused is not None:
             raise problem(request, 403, "Refused", refused, session)
-        response = _see_other("/ui/signin")
+        if session is not None and console.signouts is not None:
+            try:
+                await console.signouts.sign_out(session)  # on every replica, not only in this browser
+            except SignoutError:
+                response = render(
+                    request, "problem.html", 503, None, title="Signed out in this browser only", code=503,
+                    reason=_SIGNOUT_NOT_RECORDED.format(minutes=console.sessions.idle_timeout_s // 60),
+                )  # fmt: skip
+                Sessions.clear(response)
+                return response
+        response = _see_other("/ui/signin?signedout=1")
         Sessions.clear(response)
         return response
 

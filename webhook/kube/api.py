@@ -166,6 +166,18 @@ class KubeApi:
             self.core.replace_namespaced_config_map, name, self.install_namespace, dict(body), call_path=call_path
         )
 
+    async def patch_configmap(self, name: str, patch: Mapping[str, Any], *, call_path: CallPath = "background") -> Obj:
+        """A JSON merge patch (a key set to None is removed): no read first, and no conflict with
+        another writer of other keys."""
+        return await raw_call(
+            self.core.patch_namespaced_config_map,
+            name,
+            self.install_namespace,
+            dict(patch),
+            call_path=call_path,
+            _content_type="application/merge-patch+json",
+        )
+
     async def delete_configmap(
         self, name: str, *, resource_version: str | None = None, call_path: CallPath = "background"
     ) -> None:
