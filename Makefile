@@ -8,6 +8,8 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8443
 # The dev server's certificates; cluster certificates go to certs/cluster (manifests/README.md).
 DEV_CERTS ?= certs/dev
+# Where `make peers` puts the real peers the tests run (bin/, share/); share it between clones.
+PEERS_DIR ?= .peers
 
 # "<major>.<minor> <supported>" of the interpreter asked for and of the one in the venv (empty when
 # there is none). A venv made by another Python is recreated rather than patched: pip cannot fix it.
@@ -16,7 +18,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-instructions certs venv clean e2e e2e-kind peers FORCE
+.PHONY: run test lint typecheck bench bench-cluster bench-instructions certs venv clean e2e e2e-kind peers FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -48,13 +50,17 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# The static checks first (seconds): lint, types, the import-layer contracts. Then the suite;
+# The real peers first (built once, then cached: see `peers`); without Go they are not built and the
+# real-cluster tests skip naming `make peers`, except in CI (SCHEDULING_WEBHOOK_REQUIRE_PEERS=1).
+# Then the static checks (seconds): lint, types, the import-layer contracts. Then the suite;
 # pytest exits 5 when it collected nothing: that must fail, never pass silently.
 test: $(STAMP)
+	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh || { [ -z "$$SCHEDULING_WEBHOOK_REQUIRE_PEERS" ] && \
+	  echo "peers: not built; the tests that need the real control plane will skip (make peers)"; }
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest ran no tests"; exit 1; fi; exit $$rc
 
 # The e2e suite (tests/e2e, also part of `make test` against the emulated cluster) against a real
@@ -67,8 +73,13 @@ e2e: $(STAMP)
 e2e-kind:
 	@hack/e2e/kind.sh
 
-bench: $(STAMP)
+bench: $(STAMP) peers
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster
+
+# Pod creation through the real apiserver with and without the webhooks (bench/real_cluster.py).
+bench-cluster: $(STAMP) peers
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster $(BENCH_ARGS)
 
 # Instructions per request under valgrind: the figure that stays put on a noisy machine.
 bench-instructions: $(STAMP)
@@ -77,7 +88,6 @@ bench-instructions: $(STAMP)
 
 # The real peers the tests run against (kube-apiserver, etcd, controllers, kubectl, kwok, ...), built
 # from the Go modules pinned under hack/peers/ into $(PEERS_DIR)/bin; a second run builds nothing.
-PEERS_DIR ?= .peers
 peers:
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh $(PEERS)
 

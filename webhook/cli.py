@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve /healthz, /readyz and /metrics here, over TLS without a client certificate "
         "(kubelet probes send none); 0: only on --port",
     )
+    serve.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="let other processes listen on the same address and port (SO_REUSEPORT): the kernel spreads "
+        "new connections over them",
+    )
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")

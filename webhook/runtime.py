@@ -44,6 +44,9 @@ class ServeOptions:
     port: int = 8443
     # /healthz, /readyz, /metrics on a port that never asks for a client certificate; None: none.
     probe_port: int | None = None
+    # SO_REUSEPORT: several processes share the address, the kernel spreads connections over them
+    # (a restart without a gap on one host; the test control plane's two replicas behind a Service).
+    reuse_port: bool = False
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     certs: Path = Path("certs")
     state_dir: Path | None = None
@@ -68,6 +71,7 @@ class ServeOptions:
             host=args.host,
             port=args.port,
             probe_port=args.probe_port or None,
+            reuse_port=args.reuse_port,
             certs=Path(args.certs),
             state_dir=Path(args.state) if args.state else None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
@@ -207,7 +211,10 @@ class Runtime:
         )
         await self.runner.setup()
         limits = self.options.connection_limits
-        main = Listener(self.runner, self.options.host, self.options.port, certs.ssl_context, limits, "main")
+        main = Listener(
+            self.runner, self.options.host, self.options.port, certs.ssl_context, limits, "main",
+            reuse_port=self.options.reuse_port,
+        )  # fmt: skip
         await main.start()
         self._listeners.append(main)
         log.info("serving on https://%s:%d", self.options.host, main.port)
@@ -224,6 +231,7 @@ class Runtime:
                 probe_certs.ssl_context,
                 probe_limits,
                 "probes",
+                reuse_port=self.options.reuse_port,
             )
             await probes.start()
             self._listeners.append(probes)

@@ -15,7 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PEERS_HACK=$PWD
-PEERS_DIR=${PEERS_DIR:-$PEERS_HACK/../../.peers}
+REPO=$(cd ../.. && pwd)
+PEERS_DIR=${PEERS_DIR:-.peers}
+[[ $PEERS_DIR == /* ]] || PEERS_DIR=$REPO/$PEERS_DIR  # relative to the clone, as the tests read it
 mkdir -p "$PEERS_DIR/bin" "$PEERS_DIR/stamps"
 PEERS_DIR=$(cd "$PEERS_DIR" && pwd)
 

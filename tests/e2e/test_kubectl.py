@@ -8,6 +8,7 @@ the routing broken and expects the same checks to fail.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -16,30 +17,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import INSTALL_NS, SETTINGS, Cluster, Result
+from tests.e2e.conftest import Cluster, Obj, Result, broken_install
 from tests.support.cluster import SCHEDULER
-from tests.support.kube_emulator import Obj
+from tests.support.control_plane.install import INSTALL_NS, SETTINGS
 from tests.support.runai_webhook import RUNAI_SCHEDULER
 
-pytestmark = pytest.mark.slow  # each test starts a cluster: two replicas, kubectl calls (5-15 s)
+pytestmark = pytest.mark.slow  # the real control plane: started once per session (~15 s), kubectl calls
 
 MUTATE = "mutate-pods.scheduling.hopsworks.ai"
 VALIDATE_PODS = "validate-pods.scheduling.hopsworks.ai"
 IMAGE = "registry.example/notebook:1.0"
-PRIORITY_CLASSES = [("low", 1000, "Never"), ("normal", 10000, None), ("high", 100000, None)]
-
-
-def priority_class(name: str, value: int, policy: str | None) -> Obj:
-    obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
-                "value": value, "globalDefault": False}  # fmt: skip
-    if policy:
-        obj["preemptionPolicy"] = policy
-    return obj
 
 
 async def offer_scheduling(cluster: Cluster) -> None:
-    """The cluster offers classes and node labels; every project gets a subset (tests/support/cluster.py)."""
-    await cluster.apply(*(priority_class(*pc) for pc in PRIORITY_CLASSES))
+    """The cluster offers classes and node labels; every project gets a subset (tests/support/cluster.py).
+    The classes low, normal and high are the control plane's (tests/e2e/conftest.py)."""
     await cluster.settings(scheduler=yaml.safe_dump(SCHEDULER))
 
 
@@ -67,37 +59,26 @@ def expressions(stored: Obj) -> list[tuple[str, str, tuple[str, ...]]]:
     )
 
 
-async def test_the_install_applies_and_reapplies(cluster: Cluster, tmp_path: Path) -> None:
+async def test_the_install_applies_and_reapplies(cluster: Cluster) -> None:
     mutating = await cluster.get("mutatingwebhookconfiguration", "0-hopsworks-scheduling-webhook")
     assert [w["name"] for w in mutating["webhooks"]] == [MUTATE]
     validating = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
     assert VALIDATE_PODS in [w["name"] for w in validating["webhooks"]]
     assert (await cluster.get("deploy", "scheduling-webhook", INSTALL_NS))["spec"]["replicas"] >= 2
-    if cluster.emulated is not None:
-        # A second apply of a changed render patches (strategic merge, keyed by webhook name).
-        before = [w["name"] for w in validating["webhooks"]]
-        objects = [o for o in yaml.safe_load_all(validating_render(cluster)) if o]
-        for obj in objects:
-            if obj["kind"] == "ValidatingWebhookConfiguration":
-                obj["webhooks"][1]["timeoutSeconds"] = 7
-        out = await cluster.ok("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(objects))
-        assert (
-            "validatingwebhookconfiguration.admissionregistration.k8s.io/hopsworks-scheduling-webhook configured" in out
-        )
-        after = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
-        assert [w["name"] for w in after["webhooks"]] == before
-        assert after["webhooks"][1]["timeoutSeconds"] == 7
-        assert "$setElementOrder/webhooks" not in after
-
-
-def validating_render(cluster: Cluster) -> str:
-    """The render the emulated cluster was installed from (its last-applied configurations)."""
-    assert cluster.emulated is not None
-    docs = []
-    for kind in ("ValidatingWebhookConfiguration",):
-        for obj in cluster.emulated.emu.objects(kind):
-            docs.append(json.loads(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]))
-    return yaml.safe_dump_all(docs)
+    local = cluster.needs_local("re-applies the harness's own render")
+    assert len(local.applied) == 2  # `kubectl apply --server-side`, before and after the replicas served
+    for out in local.applied:
+        assert "mutatingwebhookconfiguration.admissionregistration.k8s.io/0-hopsworks-scheduling-webhook " \
+               "serverside-applied" in out  # fmt: skip
+    # A changed render re-applied server-side: the webhook keyed by name is changed in place.
+    objects = [copy.deepcopy(o) for o in local.objects if o["kind"] == "ValidatingWebhookConfiguration"]
+    before = [w["name"] for w in validating["webhooks"]]
+    objects[0]["webhooks"][1]["timeoutSeconds"] = 7
+    await cluster.ok("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    after = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
+    assert [w["name"] for w in after["webhooks"]] == before
+    assert after["webhooks"][1]["timeoutSeconds"] == 7
+    local.apply_webhook_configurations(None)
 
 
 async def test_kubectl_run_stores_the_merged_scheduling(cluster: Cluster) -> None:
@@ -126,7 +107,7 @@ async def test_kubectl_run_stores_the_merged_scheduling(cluster: Cluster) -> Non
 async def test_a_class_outside_the_project_set_is_refused_in_kubectl_stderr(cluster: Cluster) -> None:
     await offer_scheduling(cluster)
     project = await cluster.project("nlp")
-    stderr = await cluster.refused("apply", "--validate=false", "-f", "-",
+    stderr = await cluster.refused("apply", "-f", "-",
                                    stdin=yaml.safe_dump(pod("nb", project, priorityClassName="high")))  # fmt: skip
     assert stderr.startswith("Error from server (Forbidden): error when creating"), stderr
     assert "admission webhook" in stderr and "denied the request:" in stderr, stderr
@@ -150,13 +131,15 @@ async def test_a_project_offer_annotation_is_validated_on_project_namespaces_onl
 
 async def check_routing_with_the_servers_down(cluster: Cluster) -> None:
     """With no server answering, the webhooks' failurePolicy refuses what they select, and only that."""
-    emulated = cluster.needs_emulated("stops the webhook servers")
+    local = cluster.needs_local("scales the install down")
     project = await cluster.project("down")
-    await emulated.stop_servers()
+    await asyncio.to_thread(local.scale, 0)
     stderr = await cluster.refused("run", "nb", "-n", project, f"--image={IMAGE}")
     assert f'failed calling webhook "{MUTATE}"' in stderr, stderr
+    name = f"probe-{project}"  # unique: the system namespaces outlive the test
     for namespace in ("kube-system", INSTALL_NS):
-        await cluster.ok("run", "probe", "-n", namespace, f"--image={IMAGE}")
+        await cluster.ok("run", name, "-n", namespace, f"--image={IMAGE}")
+        await cluster.ok("delete", "pod", name, "-n", namespace, "--wait=false")
 
 
 async def test_with_the_servers_down_only_project_pods_are_refused(cluster: Cluster) -> None:
@@ -164,12 +147,11 @@ async def test_with_the_servers_down_only_project_pods_are_refused(cluster: Clus
 
 
 async def turn_runai_on(cluster: Cluster) -> None:
-    emulated = cluster.needs_emulated("needs the Run:ai stand-ins")
-    runai = emulated.runai
+    local = cluster.needs_local("needs the Run:ai stand-ins")
+    runai = local.runai
     await cluster.settings(run_ai_enable="true", run_ai_url=runai.url, run_ai_client_id=runai.client_id,
                            run_ai_project_gpu_quota="2")  # fmt: skip
-    for runtime in emulated.replicas:
-        await wait_for(lambda r=runtime: r.runai.directory.reachable, "Run:ai directory reachable")
+    await wait_for(lambda: local.metric("webhook_runai_reachable") == [1.0, 1.0], "Run:ai reachable on both replicas")
 
 
 async def wait_for(condition: Callable[[], object], what: str, within_s: float = 10.0) -> None:
@@ -198,7 +180,7 @@ async def check_runai_sees_the_queue(cluster: Cluster) -> None:
     """Run:ai on: a new project's first pod binds it and is refused with a retryable message; the
     retry goes through Run:ai's webhook, which sees the pod with its queue (our webhook ran first)."""
     await turn_runai_on(cluster)
-    emulated = cluster.needs_emulated("needs the Run:ai stand-ins")
+    local = cluster.needs_local("needs the Run:ai stand-ins")
     project = await cluster.project("fresh")
     result, refusals = await as_a_controller(cluster, "run", "nb", "-n", project, f"--image={IMAGE}",
                                              "--labels=hopsworks.ai/workload-type=notebook")  # fmt: skip
@@ -212,7 +194,7 @@ async def check_runai_sees_the_queue(cluster: Cluster) -> None:
     stored = await cluster.get("pod", "nb", project)
     assert stored["metadata"]["labels"]["runai/queue"] == project
     assert stored["spec"]["schedulerName"] == RUNAI_SCHEDULER, "Run:ai's webhook did not see the pod"
-    seen = emulated.runai_admission.pods_seen(project)
+    seen = local.runai_admission.pods_seen(project)
     assert [p["metadata"]["labels"].get("runai/queue") for p in seen] == [project], seen
 
 
@@ -233,7 +215,7 @@ async def test_kueue_cannot_be_turned_on_while_runai_is_on(cluster: Cluster, tmp
     editor = tmp_path / "editor.sh"
     editor.write_text('#!/bin/sh\nsed -i \'s/kueue_installed: "false"/kueue_installed: "true"/\' "$1"\n')
     editor.chmod(0o755)
-    result = await cluster.kubectl("edit", "--validate=false", "configmap", SETTINGS, "-n", INSTALL_NS, "-o", "yaml",
+    result = await cluster.kubectl("edit", "configmap", SETTINGS, "-n", INSTALL_NS, "-o", "yaml",
                                    env={"KUBE_EDITOR": str(editor)})  # fmt: skip
     # G1 is a policy refusal (403): `kubectl edit` prints the rule's message. For a 422 it would say
     # only that the object "is invalid" (the apiserver passes a webhook's message but no causes on).
@@ -258,19 +240,20 @@ def sort_after_runai(objects: list[Obj]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("install_mutation", "check", "failure"),
+    ("mutation", "check", "failure"),
     [
         # mutate-pods then calls the (stopped) server for kube-system pods too
-        (drop_namespace_selectors, check_routing_with_the_servers_down, "kubectl run probe -n kube-system"),
+        (drop_namespace_selectors, check_routing_with_the_servers_down, "-n kube-system --image="),
         # Run:ai's webhook sees the pod before ours gave it the queue
         (sort_after_runai, check_runai_sees_the_queue, "== ['fresh-"),
     ],
     ids=["namespaceSelector-dropped", "mutating-configuration-sorts-after-runai"],
 )
 async def test_a_broken_install_fails_the_routing_checks(
-    cluster: Cluster, check: Callable[[Cluster], Awaitable[None]], failure: str
+    cluster: Cluster, mutation: Callable[[list[Obj]], None], check: Callable[[Cluster], Awaitable[None]], failure: str
 ) -> None:
-    with pytest.raises(AssertionError) as failed:
+    local = cluster.needs_local("applies a deliberately broken render")
+    with broken_install(local, mutation), pytest.raises(AssertionError) as failed:
         await check(cluster)
     assert failure in str(failed.value), str(failed.value)
 
@@ -298,26 +281,34 @@ async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster
     while not await bound():  # the leader's pass binds a new project
         assert time.monotonic() < deadline, f"{project} not bound to Run:ai"
         await asyncio.sleep(0.2)
-    stderr = await cluster.refused("apply", "--validate=false", "-f", "-",
-                                   stdin=yaml.safe_dump(gpu_deployment("model", project, 3)))  # fmt: skip
+    # Until every replica's Run:ai directory has the new project, a Deployment is admitted with a
+    # warning that its quota was not checked yet (its pods are, when they start): wait that out.
+    model = yaml.safe_dump(gpu_deployment("model", project, 3))
+
+    async def checked() -> bool:
+        result = await cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=model)
+        return result.rc != 0 and "not checked yet" not in result.stderr
+
+    await cluster.eventually(checked, f"{project}'s quota known to the replicas", within_s=40)
+    stderr = await cluster.refused("apply", "-f", "-", stdin=model)
     assert 'admission webhook "validate-workloads.scheduling.hopsworks.ai" denied the request' in stderr, stderr
     assert "Deployment model" in stderr and "Lower its replicas" in stderr, stderr
     await cluster.apply(gpu_deployment("small", project, 1))  # within the quota of 2
+    # The real ReplicaSet controller creates its pod (admitted: 1 GPU of 2) and kwok runs it.
+    await cluster.eventually(lambda: cluster.list("pods", project, "-l", "app=small"), "the pod of Deployment small")
     # A notebook asking for more GPUs than the project has left, while the cluster has GPUs.
     notebook = pod("nb", project)
     notebook["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "3"}}
-    result, _ = await as_a_controller(cluster, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(notebook))
+    result, _ = await as_a_controller(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(notebook))
     assert result.rc != 0 and result.stderr.startswith("Error from server (GpuQuotaExceeded)"), str(result)
     assert 'admission webhook "validate-pods.scheduling.hopsworks.ai" denied the request' in result.stderr
-    assert f"project {project} has 2 of 2 deserved GPUs left; this notebook asks for 3" in result.stderr
+    assert f"project {project} has 1 of 2 deserved GPUs left; this notebook asks for 3" in result.stderr
     other = await cluster.plain_namespace("tools")  # not a project: the namespaceSelectors exclude it
     await cluster.apply(gpu_deployment("model", other, 3))
     await cluster.apply(notebook | {"metadata": {**notebook["metadata"], "namespace": other}})
 
 
 async def test_a_deployments_pods_carry_the_merged_scheduling(cluster: Cluster) -> None:
-    if cluster.emulated is not None:
-        pytest.skip("needs a real cluster: the emulator runs no controllers, so a Deployment makes no pods")
     await offer_scheduling(cluster)
     project = await cluster.project("web")
     deployment = gpu_deployment("web", project, 1)

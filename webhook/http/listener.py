@@ -145,8 +145,11 @@ class Listener:
         ssl_context: ssl.SSLContext | None,
         limits: ConnectionLimits,
         name: str = "main",
+        *,
+        reuse_port: bool = False,
     ) -> None:
         self.runner = runner
+        self.reuse_port = reuse_port
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -175,6 +178,7 @@ class Listener:
             ssl=self.ssl_context,
             ssl_handshake_timeout=self.limits.handshake_timeout_s if self.ssl_context else None,
             backlog=128,
+            reuse_port=self.reuse_port or None,
         )
         if self.port == 0:
             self.port = self.server.sockets[0].getsockname()[1]

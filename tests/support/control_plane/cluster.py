@@ -1,0 +1,335 @@
+"""A real Kubernetes control plane on loopback, started as envtest does, with the controllers too.
+
+etcd, kube-apiserver (default admission plugins, ServiceAccount included; Node,RBAC),
+kube-controller-manager (every default controller, each with its own ServiceAccount credentials),
+kube-scheduler and kwok (fake nodes whose pods it marks Running), all built by `make peers`.
+
+How the apiserver reaches webhooks: the Service CIDR is a /24 inside 127.0.0.0/8. Every address
+there is loopback on Linux, so a Service's ClusterIP is an address a process on this machine can
+listen on. The apiserver resolves a webhook's `clientConfig.service` to `<ClusterIP>:<port>` (as
+it does in any cluster) and verifies the certificate for `<service>.<namespace>.svc`; the test
+serves on that ClusterIP, playing kube-proxy's part. The install's Service stays as rendered and
+each control plane gets its own /24, so parallel runs never collide (docs/admission-chain.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import random
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support import peers
+from tests.support.control_plane.pki import ClientCert, Pki, client_cert, make_pki
+from tests.support.control_plane.pod_runner import kwok_stages
+from tests.support.control_plane.processes import LOOPBACK, Process, free_port
+
+KUBE_VERSION = "v1.35.4"
+GPU = "nvidia.com/gpu"
+# Pods that really run (tests/support/control_plane/pod_runner.py), which kwok must leave alone.
+REAL_PODS_LABEL = "app.kubernetes.io/name"
+REAL_PODS = ("scheduling-webhook",)
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    zone: str
+    region: str
+    gpus: int = 0
+    gpu_product: str | None = None
+    cpu: str = "32"
+    memory: str = "256Gi"
+
+    def labels(self) -> dict[str, str]:
+        labels = {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "topology.kubernetes.io/zone": self.zone,
+            "topology.kubernetes.io/region": self.region,
+            "type": "kwok",
+        }
+        if self.gpu_product:
+            labels["nvidia.com/gpu.product"] = self.gpu_product
+        return labels
+
+    def capacity(self) -> dict[str, str]:
+        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110"}
+        if self.gpus:
+            capacity[GPU] = str(self.gpus)
+        return capacity
+
+
+# Two zones of one region and a second region; GPUs on some nodes only.
+DEFAULT_NODES = (
+    FakeNode("kwok-a1", "eu-1a", "eu-1", gpus=4, gpu_product="A100"),
+    FakeNode("kwok-a2", "eu-1a", "eu-1", gpus=4, gpu_product="A100"),
+    FakeNode("kwok-b1", "eu-1b", "eu-1"),
+    FakeNode("kwok-c1", "us-1a", "us-1", gpus=2, gpu_product="T4"),
+)
+
+
+def _random_service_cidr() -> ipaddress.IPv4Network:
+    # 127.0.0.0/16 is left alone (127.0.0.1 and friends); a /24 per control plane.
+    return ipaddress.IPv4Network(f"127.{random.randint(100, 254)}.{random.randint(0, 255)}.0/24")
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, user: dict[str, str]) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+                "users": [{"name": "user", "user": user}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+                "current-context": "test",
+            }
+        )
+    )
+    return path
+
+
+@dataclass
+class ControlPlane:
+    dir: Path
+    url: str
+    service_cidr: ipaddress.IPv4Network
+    pki: Pki
+    admin_kubeconfig: Path
+    kubectl_bin: Path
+    nodes: tuple[FakeNode, ...]
+    processes: dict[str, Process] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds to ready, per component
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.kubectl_bin), "--kubeconfig", str(kubeconfig or self.admin_kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={"HOME": str(self.dir / "home"), "PATH": "/usr/bin:/bin"},
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} -> {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, objects: Sequence[dict[str, Any]] | str, *extra: str) -> str:
+        text = objects if isinstance(objects, str) else yaml.safe_dump_all(list(objects))
+        return self.kubectl("apply", "-f", "-", *extra, input=text).stdout
+
+    def token(self, namespace: str, service_account: str, duration: str = "2h") -> str:
+        """A token of the ServiceAccount from the TokenRequest API, as the kubelet would mount."""
+        return self.kubectl(
+            "create", "token", service_account, "-n", namespace, f"--duration={duration}"
+        ).stdout.strip()
+
+    def token_kubeconfig(self, path: Path, token: str) -> Path:
+        return write_kubeconfig(path, self.url, self.pki.ca_file, {"token": token})
+
+    def service_ip(self, namespace: str, name: str) -> str:
+        return str(self.get_json("service", name, "-n", namespace)["spec"]["clusterIP"])
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        self.processes.clear()
+
+    def logs(self, lines: int = 40) -> str:
+        return "\n".join(f"--- {name}\n{proc.tail(lines)}" for name, proc in self.processes.items())
+
+
+def _https_ok(url: str, pki: Pki, admin_cert: tuple[Path, Path]) -> bool:
+    ctx = ssl.create_default_context(cafile=str(pki.ca_file))
+    ctx.load_cert_chain(str(admin_cert[0]), str(admin_cert[1]))
+    with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def start_control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> ControlPlane:
+    """Start everything and wait until it serves; on any failure stop what started and raise."""
+    binaries = {name: peers.binary(name) for name in
+                ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
+    stages = peers.share("kwok/stage")
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / "home").mkdir(exist_ok=True)
+    logs = dir / "logs"
+    logs.mkdir(exist_ok=True)
+    cidr = _random_service_cidr()
+    first_service_ip = str(next(cidr.hosts()))
+    pki = make_pki(
+        dir / "pki",
+        ips=[LOOPBACK, first_service_ip],
+        dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                   "kubernetes.default.svc.cluster.local"],
+    )  # fmt: skip
+    admin = client_cert(pki, "admin", "kubernetes-admin", ("system:masters",))
+    port = free_port()
+    url = f"https://{LOOPBACK}:{port}"
+
+    def cert_kubeconfig(name: str, cert: ClientCert) -> Path:
+        user = {"client-certificate": str(cert.cert_file), "client-key": str(cert.key_file)}
+        return write_kubeconfig(dir / f"{name}.kubeconfig", url, pki.ca_file, user)
+
+    def kubeconfig(name: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+        return cert_kubeconfig(name, client_cert(pki, name, user, groups))
+
+    admin_kubeconfig = cert_kubeconfig("admin", admin)
+    cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes))
+    t0 = time.monotonic()
+
+    def started(name: str, proc: Process) -> Process:
+        cp.processes[name] = proc
+        proc.start()
+        return proc
+
+    try:
+        etcd_port, etcd_peer = free_port(), free_port()
+        etcd_url = f"http://{LOOPBACK}:{etcd_port}"
+        etcd = started("etcd", Process("etcd", [
+            str(binaries["etcd"]), "--data-dir", str(dir / "etcd"),
+            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+            "--listen-peer-urls", f"http://{LOOPBACK}:{etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://{LOOPBACK}:{etcd_peer}",
+            "--initial-cluster", f"default=http://{LOOPBACK}:{etcd_peer}",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ], logs))  # fmt: skip
+        etcd.wait_for(lambda: _http_ok(f"{etcd_url}/health"), within=30, what="healthy etcd")
+        cp.timings["etcd"] = time.monotonic() - t0
+        apiserver = started("kube-apiserver", Process("kube-apiserver", [
+            str(binaries["kube-apiserver"]),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={LOOPBACK}", f"--secure-port={port}",
+            f"--tls-cert-file={pki.serving_cert_file}", f"--tls-private-key-file={pki.serving_key_file}",
+            f"--client-ca-file={pki.ca_file}",
+            f"--service-cluster-ip-range={cidr}",
+            "--allow-privileged=true",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub_file}",
+            f"--service-account-signing-key-file={pki.sa_key_file}",
+            "--profiling=false",
+            "--v=1",
+        ], logs))  # fmt: skip
+        apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
+                           within=90, what="ready apiserver")  # fmt: skip
+        cp.timings["kube-apiserver"] = time.monotonic() - t0
+        started("kube-controller-manager", Process("kube-controller-manager", [
+            str(binaries["kube-controller-manager"]),
+            f"--kubeconfig={kubeconfig('controller-manager', 'system:kube-controller-manager')}",
+            "--controllers=*",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.sa_key_file}",
+            f"--root-ca-file={pki.ca_file}",
+            f"--service-cluster-ip-range={cidr}",
+            "--leader-elect=false",
+            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
+            "--v=1",
+        ], logs))  # fmt: skip
+        started("kube-scheduler", Process("kube-scheduler", [
+            str(binaries["kube-scheduler"]),
+            f"--kubeconfig={kubeconfig('scheduler', 'system:kube-scheduler')}",
+            "--leader-elect=false",
+            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
+            "--v=1",
+        ], logs))  # fmt: skip
+        stage_files = [stages / "node/fast/node-initialize.yaml",
+                       stages / "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+                       *kwok_stages(stages, dir / "kwok-stages", REAL_PODS_LABEL, REAL_PODS)]  # fmt: skip
+        started("kwok", Process("kwok", [
+            str(binaries["kwok"]),
+            f"--kubeconfig={kubeconfig('kwok', 'kwok', ('system:masters',))}",
+            "--manage-nodes-with-label-selector=type=kwok",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.244.0.0/16",
+            *(f"--config={f}" for f in stage_files),
+        ], logs))  # fmt: skip
+        _create_nodes(cp)
+        _wait(cp, lambda: _nodes_ready(cp), within=60, what="fake nodes Ready")
+        _wait(cp, lambda: _default_service_account(cp), within=60, what="the default ServiceAccount")
+        cp.timings["total"] = time.monotonic() - t0
+    except BaseException:
+        cp.stop()
+        raise
+    return cp
+
+
+def _wait(cp: ControlPlane, ready: Any, *, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not ready():
+        for proc in cp.processes.values():
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} after {within:.0f} s:\n{cp.logs()}")
+        time.sleep(0.2)
+
+
+def _create_nodes(cp: ControlPlane) -> None:
+    cp.apply([{
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": n.name, "labels": n.labels(), "annotations": {"kwok.x-k8s.io/node": "fake"}},
+    } for n in cp.nodes])  # fmt: skip
+    for n in cp.nodes:
+        status = {"status": {"capacity": n.capacity(), "allocatable": n.capacity()}}
+        cp.kubectl("patch", "node", n.name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+
+def _nodes_ready(cp: ControlPlane) -> bool:
+    items = cp.get_json("nodes")["items"]
+    ready = {
+        n["metadata"]["name"]
+        for n in items
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+        and all(
+            n["status"].get("allocatable", {}).get(k) == v
+            for k, v in _node(cp, n["metadata"]["name"]).capacity().items()
+        )
+    }
+    return ready == {n.name for n in cp.nodes}
+
+
+def _node(cp: ControlPlane, name: str) -> FakeNode:
+    return next(n for n in cp.nodes if n.name == name)
+
+
+def _default_service_account(cp: ControlPlane) -> bool:
+    return cp.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
+
+
+@contextlib.contextmanager
+def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> Any:
+    cp = start_control_plane(dir, nodes)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+        shutil.rmtree(dir, ignore_errors=True)

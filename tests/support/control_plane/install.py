@@ -1,0 +1,257 @@
+"""The product installed on the test control plane as an operator installs it, and really running.
+
+The rendered install is applied unedited with `kubectl apply --server-side`, twice. Its
+Deployment's two pods are run by a PodRunner (the kubelet's part): `scheduling-webhook serve` with
+the pod's own args and env, its ServiceAccount's token, listening on the ClusterIP of the
+install's Service, where the apiserver dials the webhooks' `clientConfig.service`.
+
+Beside it, the Run:ai parts the product talks to: the REST stand-in (checked against NVIDIA's
+spec) and a Run:ai-like mutating webhook registered like Run:ai's own (configuration `runai-*`,
+namespaces labelled `runai/queue`, failurePolicy Fail) that sets `schedulerName: runai-scheduler`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as dt
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from tests.support.control_plane.background import BackgroundLoop
+from tests.support.control_plane.cluster import ControlPlane
+from tests.support.control_plane.pod_runner import PodRunner
+from tests.support.control_plane.processes import free_port
+from tests.support.control_plane.rest import Rest
+from tests.support.runai_standin import RunaiStandin
+from tests.support.runai_webhook import NAMESPACE as RUNAI_NAMESPACE
+from tests.support.runai_webhook import SERVICE as RUNAI_SERVICE
+from tests.support.runai_webhook import RunaiAdmissionStandin
+from webhook.tls.issuing import CertKey, make_ca, make_serving_cert
+
+Obj = dict[str, Any]
+INSTALL_NS = "hopsworks"
+SERVICE = "scheduling-webhook"
+SETTINGS = "hopsworks-cluster-settings"
+TLS_SECRET = "scheduling-webhook-tls"
+RUNAI_SECRET_NAME = "runai-hopsworks"
+RUNAI_CLIENT_SECRET = "e2e-runai-secret"
+LEASE = "scheduling-webhook-leader"
+APP_SELECTOR = "app.kubernetes.io/name=scheduling-webhook"
+
+
+def render(values: Obj, dir: Path) -> str:
+    """The install as `scheduling-webhook manifests --values` renders it for these values."""
+    dir.mkdir(parents=True, exist_ok=True)
+    values_file = dir / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    cli = Path(sys.executable).parent / "scheduling-webhook"
+    return subprocess.run([str(cli), "manifests", "--values", str(values_file)], check=True, capture_output=True,
+                          text=True).stdout  # fmt: skip
+
+
+def secret(name: str, namespace: str, data: dict[str, bytes], type: str = "Opaque") -> Obj:
+    import base64
+
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "type": type,
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}  # fmt: skip
+
+
+def _server_ssl(cert: CertKey, dir: Path) -> ssl.SSLContext:
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / "tls.crt").write_bytes(cert.cert_pem)
+    (dir / "tls.key").write_bytes(cert.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(dir / "tls.crt", dir / "tls.key")
+    return ctx
+
+
+@dataclass
+class Install:
+    cp: ControlPlane
+    dir: Path
+    ca: CertKey  # the Service's CA: the serving certificate and every webhook's caBundle
+    values: Obj
+    rendered: str
+    applied: list[str]  # kubectl's output of each server-side apply
+    service_ip: str
+    runner: PodRunner
+    background: BackgroundLoop
+    runai: RunaiStandin
+    runai_admission: RunaiAdmissionStandin
+    settings_data: dict[str, str] = field(default_factory=dict)  # the ConfigMap's data as installed
+    _runai_site: web.AppRunner | None = None
+
+    @property
+    def objects(self) -> list[Obj]:
+        return [o for o in yaml.safe_load_all(self.rendered) if o]
+
+    def wait_ready(self, replicas: int = 2, within: float = 90) -> None:
+        self.runner.wait_ready(replicas, within)
+
+    def reset_settings(self) -> None:
+        """Back to the settings of the install, as an installer would write them."""
+        current = self.cp.get_json("configmap", SETTINGS, "-n", INSTALL_NS)
+        if current.get("data") != self.settings_data:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": SETTINGS, "namespace": INSTALL_NS,
+                                 "resourceVersion": current["metadata"]["resourceVersion"]},
+                    "data": self.settings_data}  # fmt: skip
+            self.cp.kubectl("replace", "-f", "-", input=yaml.safe_dump(body))
+
+    def scale(self, replicas: int, within: float = 90) -> None:
+        """`kubectl scale` of the install's Deployment, until that many replicas serve (or none)."""
+        self.cp.kubectl("scale", "deployment", SERVICE, "-n", INSTALL_NS, f"--replicas={replicas}")
+        if replicas:
+            self.runner.wait_ready(replicas, within)
+            wait_until(lambda: len(self.runner.running()) == replicas, within, f"{replicas} replicas")
+        else:
+            wait_until(lambda: not self.runner.containers, within, "no replica left")
+
+    def ensure_running(self) -> None:
+        """Two replicas Ready, whatever the last test did to them."""
+        if len([c for c in self.runner.running() if c.ready]) != 2 or len(self.runner.containers) != 2:
+            self.scale(2)
+
+    def metric(self, name: str) -> list[float]:
+        """One sample of `name` (no labels) from each serving replica's /metrics, on its probe port."""
+        values = []
+        for c in self.runner.running():
+            url = f"https://{self.service_ip}:{c.probe_port}/metrics"
+            ctx = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
+            ctx.check_hostname = False  # the certificate names the Service, not its address
+            with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
+                for line in resp.read().decode().splitlines():
+                    if line.startswith(name + " "):
+                        values.append(float(line.split()[1]))
+        return values
+
+    def apply_webhook_configurations(self, mutation: Callable[[list[Obj]], None] | None) -> None:
+        """Re-apply the render's webhook configurations, changed by `mutation` (None: as rendered);
+        configurations the change renamed away are deleted, and put back afterwards."""
+        kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        wanted = [copy.deepcopy(o) for o in self.objects if o["kind"] in kinds]
+        if mutation is not None:
+            mutation(wanted)
+        if wanted:
+            self.cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(wanted))
+        names = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+        for kind in kinds:
+            listed = self.cp.get_json(kind.lower(), "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]
+            for obj in listed:
+                if (kind, obj["metadata"]["name"]) not in names:
+                    self.cp.kubectl("delete", kind.lower(), obj["metadata"]["name"])
+        time.sleep(1.5)  # the apiserver's webhook informers pick the change up within a moment
+
+    def hold_leadership_elsewhere(self) -> None:
+        """Another holder takes the Lease for an hour: the replicas step down and no reconcile pass
+        runs until `release_leadership`."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": LEASE, "namespace": INSTALL_NS},
+                 "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600, "acquireTime": now,
+                          "renewTime": now}}  # fmt: skip
+        self.cp.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=test", "-f", "-",
+                        input=yaml.safe_dump(lease))  # fmt: skip
+        time.sleep(3)  # a leader notices at its next renewal (every 2 s) and stops leading
+
+    def release_leadership(self) -> None:
+        self.cp.kubectl("delete", "lease", LEASE, "-n", INSTALL_NS, "--ignore-not-found")
+
+    def stop(self) -> None:
+        self.runner.stop()
+        with contextlib.suppress(Exception):
+            if self._runai_site is not None:
+                self.background.run(self._runai_site.cleanup())
+            self.background.run(self.runai.stop())
+        self.background.close()
+
+
+def install(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Install:
+    dir.mkdir(parents=True, exist_ok=True)
+    rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
+    ca = make_ca("scheduling-webhook test service CA", days=30)
+    (dir / "ca.crt").write_bytes(ca.cert_pem)
+    serving = make_serving_cert(ca, SERVICE, INSTALL_NS)
+    # As the install guide says: the namespace, the serving certificate's Secret, then the render.
+    cp.kubectl("create", "namespace", INSTALL_NS)
+    cp.apply([secret(TLS_SECRET, INSTALL_NS, {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
+                                               "ca.crt": ca.cert_pem}, "kubernetes.io/tls")])  # fmt: skip
+    cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
+    values = {"caFile": str(dir / "ca.crt"), **(values or {})}
+    rendered = render(values, dir)
+    applied = [cp.kubectl("apply", "--server-side", "-f", "-", input=rendered).stdout]
+    service_ip = cp.service_ip(INSTALL_NS, SERVICE)
+    runner = PodRunner(
+        rest, INSTALL_NS, APP_SELECTOR,
+        programs={"scheduling-webhook": [str(Path(sys.executable).parent / "scheduling-webhook")]},
+        network_args=lambda pod, probe_port: ["--host", service_ip, "--port", "443", "--probe-port", str(probe_port),
+                                              "--reuse-port"],
+        probe_host=service_ip, free_port=lambda: free_port(service_ip), dir=dir / "pods",
+        apiserver_url=cp.url, ca_file=cp.pki.ca_file,
+    ).start()  # fmt: skip
+    background = BackgroundLoop()
+    runai = RunaiStandin(client_secret=RUNAI_CLIENT_SECRET)
+    background.run(runai.start())
+    admission = RunaiAdmissionStandin()
+    inst = Install(cp, dir, ca, values, rendered, applied, service_ip, runner, background, runai, admission)
+    try:
+        inst.settings_data = dict(cp.get_json("configmap", SETTINGS, "-n", INSTALL_NS).get("data") or {})
+        _start_runai_admission(inst)
+        inst.wait_ready()
+        # Re-applied once it serves: the settings ConfigMap's webhook fails closed, so while no
+        # replica answers, an apply that touches the settings is refused (as on any cluster).
+        applied.append(cp.kubectl("apply", "--server-side", "-f", "-", input=rendered).stdout)
+    except BaseException:
+        inst.stop()
+        raise
+    return inst
+
+
+def _start_runai_admission(inst: Install) -> None:
+    """Run:ai's own admission webhook (not part of our install): a Service in `runai`, served on its
+    ClusterIP, registered in the apiserver the way Run:ai registers its webhooks."""
+    cp = inst.cp
+    cp.kubectl("create", "namespace", RUNAI_NAMESPACE)
+    meta = {"name": RUNAI_SERVICE, "namespace": RUNAI_NAMESPACE}
+    spec = {"ports": [{"port": 443, "targetPort": 8443}], "selector": {"app": RUNAI_SERVICE}}
+    cp.apply([{"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}])
+    ip = cp.service_ip(RUNAI_NAMESPACE, RUNAI_SERVICE)
+    ca = make_ca("Run:ai admission test CA", days=30)
+    ctx = _server_ssl(make_serving_cert(ca, RUNAI_SERVICE, RUNAI_NAMESPACE), inst.dir / "runai-admission")
+
+    async def serve() -> web.AppRunner:
+        runner = web.AppRunner(inst.runai_admission.app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, ip, 443, ssl_context=ctx).start()
+        return runner
+
+    inst._runai_site = inst.background.run(serve())
+    cp.apply([RunaiAdmissionStandin.configuration(ca.cert_pem)])
+
+
+def wait_until(predicate: Callable[[], bool], within: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {within:.0f} s")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def installed(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Iterator[Install]:
+    inst = install(cp, dir, values)
+    try:
+        yield inst
+    finally:
+        inst.stop()
