@@ -283,16 +283,16 @@ async def test_reviews_have_the_apiserver_shape(env: Env) -> None:
 async def test_priority_plugin(env: Env) -> None:
     env.emu.create_object(priority_class("base", 50, global_default=True))
     env.emu.create_object(priority_class("floor", 10, "Never", global_default=True))
-    env.emu.create_object(priority_class("high", 1000))
+    env.emu.create_object(priority_class("urgent", 1000))
     stored = await env.core.create_namespaced_pod("team-a", pod("p1"))
     assert (stored.spec.priority_class_name, stored.spec.priority, stored.spec.preemption_policy) == (
         "floor", 10, "Never",
     )  # fmt: skip
-    chosen = await env.core.create_namespaced_pod("team-a", pod("p2", priorityClassName="high"))
+    chosen = await env.core.create_namespaced_pod("team-a", pod("p2", priorityClassName="urgent"))
     assert (chosen.spec.priority, chosen.spec.preemption_policy) == (1000, "PreemptLowerPriority")
     status, body = await refusal(env.core.create_namespaced_pod("team-a", pod("p3", priorityClassName="nope")))
     assert status == 403 and body["message"] == 'pods "p3" is forbidden: no PriorityClass with name nope was found'
-    status, body = await refusal(env.core.create_namespaced_pod("team-a", pod("p4", priorityClassName="high",
+    status, body = await refusal(env.core.create_namespaced_pod("team-a", pod("p4", priorityClassName="urgent",
                                                                                priority=5)))  # fmt: skip
     assert status == 403 and "the integer value of priority (5) must not be provided in pod spec" in body["message"]
 

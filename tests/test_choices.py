@@ -25,7 +25,7 @@ CASES = [
     ("nothing chosen: the defaults and their levels", {}, "fraud", None, WorkloadChoices(), {
         "affinity": {"value": [A100], "level": "project"},
         "anti_affinity": {"value": ["maintenance=true"], "level": "cluster"},
-        "priority_class": {"value": "high", "level": "project"},
+        "priority_class": {"value": "urgent", "level": "project"},
         "queue": None, "topology": None, "errors": []}),
     ("affinity chosen beats the project default", {}, "fraud", None, WorkloadChoices(affinity=(ZONE,)), {
         "affinity": {"value": [ZONE], "level": "workload"}, "errors": []}),
@@ -33,11 +33,11 @@ CASES = [
         "affinity": {"value": [], "level": "workload"}}),
     ("affinity outside the project's subset", {}, "fraud", None, WorkloadChoices(affinity=(SSD,)), {
         "errors": [f"affinity {SSD} not available in project fraud; allowed: {A100}, {ZONE}"]}),
-    ("priority class chosen beats the cluster default", {}, "churn", None, WorkloadChoices(priority_class="low"), {
-        "priority_class": {"value": "low", "level": "workload"}}),
-    ("priority class outside the subset", {}, "churn", None, WorkloadChoices(priority_class="high"), {
+    ("priority class chosen beats the cluster default", {}, "churn", None, WorkloadChoices(priority_class="batch"), {
+        "priority_class": {"value": "batch", "level": "workload"}}),
+    ("priority class outside the subset", {}, "churn", None, WorkloadChoices(priority_class="urgent"), {
         "priority_class": {"value": None, "level": None},
-        "errors": ["priority class high not available in project churn; allowed: low, normal"]}),
+        "errors": ["priority class urgent not available in project churn; allowed: batch, normal"]}),
     ("kueue: queue and topology chosen", KUEUE, "churn", None, WorkloadChoices(queue="default", topology="zone"), {
         "queue": {"value": "default", "level": "workload"}, "topology": {"value": "zone", "level": "workload"},
         "errors": []}),

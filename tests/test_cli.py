@@ -83,7 +83,7 @@ def test_help_shows_the_defaults() -> None:
 def test_review_reads_stdin() -> None:
     result = run_cli("review", "-", "--state", str(CLUSTER), input=REFUSED.read_text())
     assert result.returncode == 1, result.stderr
-    assert "decision: REFUSED" in result.stdout and "allowed: low, normal" in result.stdout
+    assert "decision: REFUSED" in result.stdout and "allowed: hopsworks-low, hopsworks-normal" in result.stdout
 
 
 def test_review_into_a_closed_pipe_exits_apart_from_a_refusal() -> None:

@@ -181,7 +181,7 @@ async def test_a_member_may_not_act(served: Served) -> None:
 
 
 async def test_every_value_is_escaped(served: Served) -> None:
-    scheduler = {"available": {"affinity": [EVIL], "priorityClasses": ["low"]}, "defaults": {"affinity": [EVIL]}}
+    scheduler = {"available": {"affinity": [EVIL], "priorityClasses": ["batch"]}, "defaults": {"affinity": [EVIL]}}
     served.env.state.apply(settings_configmap(scheduler=scheduler))
     served.env.state.apply(namespace("p2", labels={DEPARTMENT_LABEL: "ml"}))
     await served.sign_in()

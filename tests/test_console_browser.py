@@ -276,7 +276,7 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIt
         runai.add_project("drifted", department="default", namespace="drifted", gpu_quota=1)  # adopted
         for obj in (
             namespace("hopsworks", project=False),
-            priority_class("low", 1000, "Never"),
+            priority_class("batch", 1000, "Never"),
             priority_class("normal", 10000),
             runai_settings_configmap(
                 runai,

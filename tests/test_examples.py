@@ -88,24 +88,25 @@ async def test_readme_example_is_patched_with_zone_priority_and_anti_affinity(cl
     assert response["auditAnnotations"] == {
         "affinity": "topology.kubernetes.io/zone=eu-1a",
         "anti-affinity": "maintenance=true",
-        "priority-class": "normal",
-        "runai-queue": "churn",  # examples/cluster has Run:ai on and churn bound
+        "priority-class": "hopsworks-normal",
+        "runai-queue": "churn",
+        "runai-preemptibility": "non-preemptible",  # examples/cluster has Run:ai on and churn bound
     }
     pod = patched(review, response)
-    assert pod["spec"]["priorityClassName"] == "normal" and pod["spec"]["priority"] == 10000
+    assert pod["spec"]["priorityClassName"] == "hopsworks-normal" and pod["spec"]["priority"] == 10000
 
 
 async def test_a_refusal_is_http_200_with_allowed_false_and_a_code(client: TestClient[Any, Any]) -> None:
     response = await ask(client, "/mutate/pods", example("refused-priority.json"))
     assert response["allowed"] is False
     assert response["status"]["code"] == 403 and response["status"]["reason"] == "Forbidden"
-    assert "allowed: low, normal" in response["status"]["message"]
+    assert "allowed: hopsworks-low, hopsworks-normal" in response["status"]["message"]
 
 
 async def test_gpu_notebook_gets_the_project_defaults_and_passes_validation(client: TestClient[Any, Any]) -> None:
     review = example("gpu-notebook.json")
     mutated = await ask(client, "/mutate/pods", review)
-    assert mutated["auditAnnotations"]["priority-class"] == "high"  # fraud-detection's own default
+    assert mutated["auditAnnotations"]["priority-class"] == "hopsworks-high"  # fraud-detection's own default
     assert mutated["auditAnnotations"]["affinity"] == "nvidia.com/gpu.product=A100"
     pod = patched(review, mutated)
     validated = await ask(client, "/validate/pods", {**review, "request": {**review["request"], "object": pod}})

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import cluster_state, namespace
-from tests.support.reviews import owned_by
+from tests.support.reviews import admitted_labels, owned_by
 from webhook.core.admin_view import admin_view, platform_departments
 from webhook.core.gpu_view import GpuCode, project_gpu_view, view_node_pool
 from webhook.core.runai_data import RunaiData
@@ -99,7 +99,7 @@ def pod(name: str, gpus: float | None = None, kind: str = "notebook", phase: str
             "name": name,
             "namespace": "churn",
             "uid": f"uid-{name}",
-            "labels": {"hopsworks.ai/workload-type": kind},
+            "labels": {"hopsworks.ai/workload-type": kind, **admitted_labels(kind)},
             "annotations": {"gpu-fraction": fraction} if fraction else {},
             **({"ownerReferences": owned_by("Job", name=name)} if kind in ("job", "system-job") else {}),
         },

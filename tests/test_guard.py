@@ -49,12 +49,12 @@ SCHEDULER = """\
 available:
   affinity: ["nvidia.com/gpu.product=A100", "topology.kubernetes.io/zone=eu-1a"]
   antiAffinity: ["maintenance=true"]
-  priorityClasses: ["low", "normal", "high"]
+  priorityClasses: ["batch", "normal", "urgent"]
   topologies: {rack: example.com/rack}
 project:
   affinity: ["topology.kubernetes.io/zone=eu-1a"]
   antiAffinity: ["maintenance=true"]
-  priorityClasses: ["low", "normal"]
+  priorityClasses: ["batch", "normal"]
 defaults:
   priorityClass: normal
 """
@@ -369,8 +369,8 @@ def js(value: Any) -> str:
 ANNOTATION_CASES = [
     # (id, annotations, known priority classes, allowed, message contains)
     ("none", {}, (), True, ()),
-    ("valid-both", {AV: js({"affinity": [A100], "priorityClasses": ["high"], "queues": ["gpu"]}),
-                    DF: js({"affinity": [A100], "priorityClass": "high", "queue": "gpu", "topology": "rack"})},
+    ("valid-both", {AV: js({"affinity": [A100], "priorityClasses": ["urgent"], "queues": ["gpu"]}),
+                    DF: js({"affinity": [A100], "priorityClass": "urgent", "queue": "gpu", "topology": "rack"})},
      (), True, ()),
     ("empty-annotation-is-unset", {AV: "", DF: " "}, (), True, ()),
     ("null-is-unset", {DF: js({"priorityClass": None})}, (), True, ()),
@@ -386,24 +386,24 @@ ANNOTATION_CASES = [
     ("available-anti-label-not-offered", {AV: js({"antiAffinity": ["spot=true"]})}, (), False,
      ("antiAffinity label 'spot=true'", "'maintenance=true'")),
     ("available-pc-not-offered", {AV: js({"priorityClasses": ["gold"]})}, (), False,
-     ("priority class 'gold' is not offered", "'low', 'normal', 'high'")),
-    ("available-pc-missing-in-cluster", {AV: js({"priorityClasses": ["high"]})}, ("low", "normal"), False,
-     ("PriorityClass 'high' does not exist",)),
-    ("available-pc-exists-in-cluster", {AV: js({"priorityClasses": ["high"]})}, ("high",), True, ()),
+     ("priority class 'gold' is not offered", "'batch', 'normal', 'urgent'")),
+    ("available-pc-missing-in-cluster", {AV: js({"priorityClasses": ["urgent"]})}, ("batch", "normal"), False,
+     ("PriorityClass 'urgent' does not exist",)),
+    ("available-pc-exists-in-cluster", {AV: js({"priorityClasses": ["urgent"]})}, ("urgent",), True, ()),
     ("available-bad-queue-name", {AV: js({"queues": ["GPU_Queue"]})}, (), False, ("not a valid queue name",)),
     ("defaults-bad-json", {DF: "priorityClass=high"}, (), False, (DF, "not valid JSON")),
-    ("defaults-not-object", {DF: js("high")}, (), False, ("must be a JSON object, got str",)),
-    ("defaults-unknown-key", {DF: js({"priorityClasses": ["low"]})}, (), False,
+    ("defaults-not-object", {DF: js("urgent")}, (), False, ("must be a JSON object, got str",)),
+    ("defaults-unknown-key", {DF: js({"priorityClasses": ["batch"]})}, (), False,
      ("unknown keys 'priorityClasses'", "'priorityClass', 'queue', 'topology'")),
     ("defaults-pc-wrong-type", {DF: js({"priorityClass": 5})}, (), False,
      ("priorityClass must be a non-empty string",)),
     ("defaults-affinity-wrong-type", {DF: js({"affinity": ZONE})}, (), False, ("affinity must be a list",)),
-    ("defaults-pc-outside-cluster-project", {DF: js({"priorityClass": "high"})}, (), False,
-     ("priorityClass 'high' is outside", "'low', 'normal'", "the cluster's scheduler.project")),
-    ("defaults-pc-outside-own-available", {AV: js({"priorityClasses": ["low"]}), DF: js({"priorityClass": "normal"})},
-     (), False, ("'normal' is outside", "('low', from its scheduling.hopsworks.ai/available")),
-    ("defaults-pc-missing-in-cluster", {DF: js({"priorityClass": "low"})}, ("normal",), False,
-     ("PriorityClass 'low' does not exist",)),
+    ("defaults-pc-outside-cluster-project", {DF: js({"priorityClass": "urgent"})}, (), False,
+     ("priorityClass 'urgent' is outside", "'batch', 'normal'", "the cluster's scheduler.project")),
+    ("defaults-pc-outside-own-available", {AV: js({"priorityClasses": ["batch"]}), DF: js({"priorityClass": "normal"})},
+     (), False, ("'normal' is outside", "('batch', from its scheduling.hopsworks.ai/available")),
+    ("defaults-pc-missing-in-cluster", {DF: js({"priorityClass": "batch"})}, ("normal",), False,
+     ("PriorityClass 'batch' does not exist",)),
     ("defaults-affinity-outside", {DF: js({"affinity": [A100]})}, (), False,
      (f"affinity label '{A100}' is outside", f"'{ZONE}'")),
     ("defaults-anti-inside", {DF: js({"antiAffinity": [MAINT]})}, (), True, ()),
@@ -452,15 +452,15 @@ STALE_CASES = [
     ("unchanged-stale-label-edit-warns", STALE, STALE, SHRUNK, True, (),
      ("'gpu=v100' is not offered", "topology 'rack'")),
     ("unchanged-broken-json-warns", {AV: "{"}, {AV: "{"}, SETTINGS, True, (), ("not valid JSON",)),
-    ("unchanged-valid-no-warning", {DF: js({"priorityClass": "low"})}, {DF: js({"priorityClass": "low"})}, SETTINGS,
+    ("unchanged-valid-no-warning", {DF: js({"priorityClass": "batch"})}, {DF: js({"priorityClass": "batch"})}, SETTINGS,
      True, (), ()),
     ("available-shrunk-below-defaults", {DF: js({"priorityClass": "normal"})},
-     {AV: js({"priorityClasses": ["low"]}), DF: js({"priorityClass": "normal"})}, SETTINGS, False,
+     {AV: js({"priorityClasses": ["batch"]}), DF: js({"priorityClass": "normal"})}, SETTINGS, False,
      ("priorityClass 'normal' is outside",), ()),
     ("defaults-written-stale-available-lenient", {AV: js({"affinity": [A100, "gpu=v100"]})},
      {AV: js({"affinity": [A100, "gpu=v100"]}), DF: js({"affinity": [A100]})}, SETTINGS, True, (),
      ("ignored by pod admission", "'gpu=v100' is not offered")),
-    ("defaults-written-on-broken-available", {AV: "{"}, {AV: "{", DF: js({"priorityClass": "low"})}, SETTINGS, False,
+    ("defaults-written-on-broken-available", {AV: "{"}, {AV: "{", DF: js({"priorityClass": "batch"})}, SETTINGS, False,
      ("not valid JSON",), ()),
     ("defaults-removed", {DF: js({"topology": "zone"})}, {}, SETTINGS, True, (), ()),
 ]  # fmt: skip
@@ -648,44 +648,44 @@ def test_runai_department_for(department: str | None, departments: frozenset[str
 # -- parse_project_scheduling ----------------------------------------------------------------
 
 NO_PROJECT = ClusterSettings.from_configmap_data(
-    {"scheduler": "available: {affinity: ['a=1', 'b=2'], priorityClasses: [low, high]}\n"
-     "defaults: {priorityClass: high, affinity: ['b=2'], queue: main, topology: zone}"}
+    {"scheduler": "available: {affinity: ['a=1', 'b=2'], priorityClasses: [batch, urgent]}\n"
+     "defaults: {priorityClass: urgent, affinity: ['b=2'], queue: main, topology: zone}"}
 )  # fmt: skip
 
 PARSE_CASES = [
     # (id, annotations, settings, expected)
     ("cluster-project-subset", {}, SETTINGS,
-     ProjectScheduling(affinity=(ZONE,), anti_affinity=(MAINT,), priority_classes=("low", "normal"),
+     ProjectScheduling(affinity=(ZONE,), anti_affinity=(MAINT,), priority_classes=("batch", "normal"),
                        default_priority_class="normal")),
     ("no-project-subset-means-all", {}, NO_PROJECT,
-     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("low", "high"), default_affinity=("b=2",),
-                       default_priority_class="high", default_queue="main", default_topology="zone")),
-    ("override-one-key-keeps-others", {AV: js({"priorityClasses": ["high", "high"]})}, SETTINGS,
-     ProjectScheduling(affinity=(ZONE,), anti_affinity=(MAINT,), priority_classes=("high",))),
+     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("batch", "urgent"), default_affinity=("b=2",),
+                       default_priority_class="urgent", default_queue="main", default_topology="zone")),
+    ("override-one-key-keeps-others", {AV: js({"priorityClasses": ["urgent", "urgent"]})}, SETTINGS,
+     ProjectScheduling(affinity=(ZONE,), anti_affinity=(MAINT,), priority_classes=("urgent",))),
     ("project-defaults-win", {AV: js({"affinity": [A100, ZONE], "queues": ["q1", "q2"]}),
-                              DF: js({"affinity": [A100], "antiAffinity": [], "priorityClass": "low",
+                              DF: js({"affinity": [A100], "antiAffinity": [], "priorityClass": "batch",
                                       "queue": "q2", "topology": "host"})}, SETTINGS,
-     ProjectScheduling(affinity=(A100, ZONE), anti_affinity=(MAINT,), priority_classes=("low", "normal"),
-                       queues=("q1", "q2"), default_affinity=(A100,), default_priority_class="low",
+     ProjectScheduling(affinity=(A100, ZONE), anti_affinity=(MAINT,), priority_classes=("batch", "normal"),
+                       queues=("q1", "q2"), default_affinity=(A100,), default_priority_class="batch",
                        default_queue="q2", default_topology="host",
                        project_defaults=frozenset({"affinity", "antiAffinity", "priorityClass", "queue", "topology"}))),
     ("explicit-empty-affinity-clears-cluster-default", {DF: js({"affinity": []})}, NO_PROJECT,
-     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("low", "high"), default_priority_class="high",
+     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("batch", "urgent"), default_priority_class="urgent",
                        default_queue="main", default_topology="zone", project_defaults=frozenset({"affinity"}))),
     ("cluster-default-queue-outside-project-queues", {AV: js({"queues": ["other"]})}, NO_PROJECT,
-     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("low", "high"), queues=("other",),
-                       default_affinity=("b=2",), default_priority_class="high", default_topology="zone")),
+     ProjectScheduling(affinity=("a=1", "b=2"), priority_classes=("batch", "urgent"), queues=("other",),
+                       default_affinity=("b=2",), default_priority_class="urgent", default_topology="zone")),
     ("stale-values-dropped-with-notes", {AV: js({"affinity": ["gone=1", A100]}), DF: js({"affinity": ["gone=1"],
-                                         "topology": "dc", "priorityClass": "high"})}, SETTINGS,
-     ProjectScheduling(affinity=(A100,), anti_affinity=(MAINT,), priority_classes=("low", "normal"),
+                                         "topology": "dc", "priorityClass": "urgent"})}, SETTINGS,
+     ProjectScheduling(affinity=(A100,), anti_affinity=(MAINT,), priority_classes=("batch", "normal"),
                        default_priority_class="normal", project_defaults=frozenset({"affinity"}),
                        notes=("scheduling.hopsworks.ai/available: affinity label 'gone=1' is not offered by the "
                               f"cluster (available.affinity: '{A100}', '{ZONE}')",
                               "scheduling.hopsworks.ai/defaults: affinity label 'gone=1' is outside the "
                               f"project's available affinity ('{A100}', from its scheduling.hopsworks.ai/available "
                               "annotation)",
-                              "scheduling.hopsworks.ai/defaults: priorityClass 'high' is outside the project's "
-                              "available priorityClasses ('low', 'normal', from the cluster's scheduler.project)",
+                              "scheduling.hopsworks.ai/defaults: priorityClass 'urgent' is outside the project's "
+                              "available priorityClasses ('batch', 'normal', from the cluster's scheduler.project)",
                               "scheduling.hopsworks.ai/defaults: topology 'dc' is not a topology unit of the "
                               "cluster ('host', 'rack', 'region', 'zone')"))),
 ]  # fmt: skip
@@ -725,14 +725,14 @@ def test_parse_project_scheduling_malformed_always_raises(annotations: dict[str,
 
 def test_parse_project_scheduling_checks_existing_priority_classes() -> None:
     ns = NamespaceInfo(
-        "p", annotations={AV: js({"priorityClasses": ["low", "high"]}), DF: js({"priorityClass": "high"})}
+        "p", annotations={AV: js({"priorityClasses": ["batch", "urgent"]}), DF: js({"priorityClass": "urgent"})}
     )
-    lenient = parse_project_scheduling(ns, SETTINGS, existing_priority_classes={"low"})
-    assert lenient.priority_classes == ("low",)
+    lenient = parse_project_scheduling(ns, SETTINGS, existing_priority_classes={"batch"})
+    assert lenient.priority_classes == ("batch",)
     assert lenient.default_priority_class is None  # cluster default "normal" is outside the subset
     assert len(lenient.notes) == 2
-    with pytest.raises(ProjectSettingsError, match="PriorityClass 'high' does not exist"):
-        parse_project_scheduling(ns, SETTINGS, strict=True, existing_priority_classes={"low"})
+    with pytest.raises(ProjectSettingsError, match="PriorityClass 'urgent' does not exist"):
+        parse_project_scheduling(ns, SETTINGS, strict=True, existing_priority_classes={"batch"})
 
 
 MOVE = {"scheduling.hopsworks.ai/runai-move": '{"v":1,"phase":"deleted"}'}

@@ -88,7 +88,7 @@ async def test_initial_sync_fills_the_store_and_sets_readiness(
 ) -> None:
     kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn"}))
     kube.put_object(namespace("other"))
-    kube.put_object(priority_class("low", 10))
+    kube.put_object(priority_class("batch", 10))
     kube.put_object(settings(kueue_installed="true"))
     kube.put_object(settings("other", run_ai_enable="true"))  # same name, wrong namespace: not ours
     kube.put_object(local_queue("churn", "default"))
@@ -102,7 +102,7 @@ async def test_initial_sync_fills_the_store_and_sets_readiness(
     assert state.ready()
     assert set(state.namespaces) == {"default", INSTALL_NS, "churn", "other"}
     assert state.namespaces["churn"].is_project
-    assert state.priority_classes["low"].value == 10
+    assert state.priority_classes["batch"].value == 10
     assert state.settings.kueue_installed and not state.settings.run_ai_enable
     assert state.local_queues == {"churn": frozenset({"default"})}
     assert pod_names(state) == {f"churn/p{i}" for i in range(5)}
@@ -124,8 +124,8 @@ async def test_changes_show_up_without_a_restart(kube: KubeEmulator, state: Clus
 
     kube.put_object(namespace("churn", {"hopsworks.ai/project": "churn", "hopsworks.ai/department": "risk"}))
     await eventually(lambda: state.namespaces["churn"].department == "risk")
-    kube.put_object(priority_class("high", 1000))
-    await eventually(lambda: "high" in state.priority_classes)
+    kube.put_object(priority_class("urgent", 1000))
+    await eventually(lambda: "urgent" in state.priority_classes)
     namespace_events = metric("webhook_watch_events_total", kind="Namespace", type="ADDED")
     kube.put_object(settings(run_ai_enable="true", run_ai_project_gpu_quota="2"))
     await eventually(lambda: state.settings.run_ai_enable)
@@ -137,8 +137,8 @@ async def test_changes_show_up_without_a_restart(kube: KubeEmulator, state: Clus
     assert not state.settings.kueue_installed
     kube.put_object(local_queue("churn", "gpu"))
     await eventually(lambda: state.local_queues.get("churn") == frozenset({"gpu"}))
-    kube.delete_object("PriorityClass", "high")
-    await eventually(lambda: "high" not in state.priority_classes)
+    kube.delete_object("PriorityClass", "urgent")
+    await eventually(lambda: "urgent" not in state.priority_classes)
 
     assert len(kube.calls("GET", watch=False)) == lists_before  # all of it through the watches
     assert metric("webhook_watch_events_total", kind="Namespace", type="MODIFIED") == events_before + 1
@@ -335,7 +335,7 @@ def poison_objects() -> list[dict[str, Any]]:
         nan_poison,
         bad_labels,
         bad_namespace,
-        {**priority_class("bad-pc", 0), "value": "high"},
+        {**priority_class("bad-pc", 0), "value": "urgent"},
         settings(scheduler="maxNodeSelectorTerms: " + "9" * 5_000),  # ValueError before the fix
     ]
 

@@ -385,8 +385,9 @@ async def test_readme_flow_certs_then_serve_then_curl(tmp_path: Path) -> None:
     assert response["auditAnnotations"] == {
         "affinity": "topology.kubernetes.io/zone=eu-1a",
         "anti-affinity": "maintenance=true",
-        "priority-class": "normal",
-        "runai-queue": "churn",  # examples/cluster: Run:ai on, churn bound
+        "priority-class": "hopsworks-normal",
+        "runai-queue": "churn",
+        "runai-preemptibility": "non-preemptible",  # examples/cluster: Run:ai on, churn bound
     }
     patched = apply_patch(review["request"]["object"], patch_of(answer))
     assert_valid_pod(patched)

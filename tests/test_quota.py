@@ -27,6 +27,11 @@ MOVING_NS = namespace(
     annotations={"scheduling.hopsworks.ai/runai-move": '{"v":1,"phase":"deleted"}'},
 )
 NOTEBOOK = {"jupyter": "true"}
+PREEMPTIBILITY = "kai.scheduler/preemptibility"
+
+
+def said_by_kind(kind: str) -> str:
+    return "preemptible" if kind in ("job", "system-job") else "non-preemptible"
 
 
 def running_pod(name: str, gpus: float, kind: str = "notebook", phase: str = "Running") -> dict[str, Any]:
@@ -37,7 +42,8 @@ def running_pod(name: str, gpus: float, kind: str = "notebook", phase: str = "Ru
             "name": name,
             "namespace": "vision",
             "uid": f"uid-{name}",
-            "labels": {"hopsworks.ai/workload-type": kind},
+            # As the mutating webhook labels it (core.preemptibility): Run:ai reads the label.
+            "labels": {"hopsworks.ai/workload-type": kind, PREEMPTIBILITY: said_by_kind(kind)},
             **({"ownerReferences": owned_by("Job", name=name)} if kind in ("job", "system-job") else {}),
         },
         "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
@@ -64,6 +70,7 @@ class Case:
     message: tuple[str, ...] = ()
     warning: str = ""
     queue: str | None = "vision"  # the pod's runai/queue label, as the mutating webhook set it
+    preemptibility: str = "non-preemptible"  # the label the mutating webhook set with runai/queue
 
 
 CASES = [
@@ -115,8 +122,20 @@ CASES = [
         reason=Reason.GPU_QUOTA_EXCEEDED,
     ),
     Case("R3 preemptible jobs do not count", gpus=2, pods=[running_pod("a", 2, kind="job")]),
-    Case("R3 jobs are never checked", labels={"job-name": "train"}, owners=owned_by("Job"), gpus=16),
-    Case("R3 system jobs are never checked", labels={"job-type": "system"}, owners=owned_by("Job"), gpus=16),
+    Case(
+        "R3 jobs are never checked",
+        labels={"job-name": "train"},
+        owners=owned_by("Job"),
+        gpus=16,
+        preemptibility="preemptible",
+    ),
+    Case(
+        "R3 system jobs are never checked",
+        labels={"job-type": "system"},
+        owners=owned_by("Job"),
+        gpus=16,
+        preemptibility="preemptible",
+    ),
     # What makes a job: its controller, not what the pod says about itself.
     Case(
         "R3 a pod labelled as a job but created by no Job is checked",
@@ -257,9 +276,9 @@ CASES = [
         reason="Invalid",
     ),
     Case(
-        "issue 10.5: a fraction of 0 on 1e999999 devices (NaN GPUs) is a 400 naming the annotation",
+        "issue 10.5: a fraction on 1e999999 devices (NaN GPUs) is a 400 naming the annotation",
         gpus=None,
-        annotations={"gpu-fraction": "0", "gpu-fraction-num-devices": "1e999999"},
+        annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1e999999"},
         allowed=False,
         reason="Invalid",
         message=("gpu-fraction-num-devices",),
@@ -270,7 +289,7 @@ CASES = [
         annotations={"gpu-fraction": "1e999999999"},
         allowed=False,
         reason="Invalid",
-        message=("annotation gpu-fraction:",),
+        message=("annotation gpu-fraction must be more than 0 and less than 1",),
     ),
     Case(
         "issue 10.5: a job's unreadable GPU request is refused too (it would be cached as NaN)",
@@ -300,7 +319,7 @@ def test_pod_validation(case: Case) -> None:
             for k, g in case.reservations.items()
         }
     }
-    labels = {**case.labels, **({"runai/queue": case.queue} if case.queue else {})}
+    labels = {**case.labels, **({"runai/queue": case.queue, PREEMPTIBILITY: case.preemptibility} if case.queue else {})}
     data = pod_review(case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners)
     decision = validate_pod(data["request"], snap, now=NOW)
     assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
@@ -390,14 +409,15 @@ def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annot
     assert REGISTRY.get_sample_value("webhook_pods_unreadable_gpus") == 0
 
 
-def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -> None:
+def test_gpu_pods_cached_under_old_workload_kind_rules_get_the_new_kind_but_count_as_run_ai_sees_them() -> None:
     # A rule added to the settings after the pods were cached (or pods listed before the settings
-    # arrived): the pods' kinds follow the rules in force, so the quota sum does too.
+    # arrived): the pods' kinds follow the rules in force. What they hold of the quota does not:
+    # Run:ai reads preemptibility from the pod as stored, labelled when it was admitted.
     state = cluster_state(run_ai_enable=True)
     pod = running_pod("spark", 2)
-    pod["metadata"]["labels"] = {"spark-role": "driver"}
+    pod["metadata"]["labels"] = {"spark-role": "driver", PREEMPTIBILITY: "non-preemptible"}
     pod["metadata"]["ownerReferences"] = owned_by("SparkApplication", "sparkoperator.k8s.io/v1beta2", "etl")
-    state.apply(pod)  # no job owner knows it yet: unknown kind, quota-checked
+    state.apply(pod)  # no job owner knows it yet: unknown kind, labelled non-preemptible
     assert state.snapshot().pods["vision"]["uid-spark"].kind is None
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 2
     scheduler = copy.deepcopy(dict(SCHEDULER))
@@ -409,6 +429,10 @@ def test_gpu_pods_cached_under_old_workload_kind_rules_count_by_the_new_ones() -
     }
     state.apply(settings_configmap(scheduler=scheduler, run_ai_enable=True))
     assert state.snapshot().pods["vision"]["uid-spark"].kind == "job"
+    assert gpus_in_use(state.snapshot(), "vision", NOW) == 2  # Run:ai still holds it non-preemptible
+    relabelled = copy.deepcopy(pod)
+    relabelled["metadata"]["labels"][PREEMPTIBILITY] = "preemptible"  # its next pod, admitted as a job
+    state.apply(relabelled)
     assert gpus_in_use(state.snapshot(), "vision", NOW) == 0
 
 

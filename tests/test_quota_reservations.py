@@ -24,7 +24,7 @@ from tests.support.cluster import cluster_state, namespace
 from tests.support.fixtures import Obj, remote_calls
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator, eventually
-from tests.support.reviews import owned_by, pod_review
+from tests.support.reviews import admitted_labels, owned_by, pod_review
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.quota import validate_pod
 from webhook.kube.api import KubeApi
@@ -88,8 +88,10 @@ class Replica:
 
 def notebook(uid: str, gpus: float | None = 1, ns: str = "vision", dry_run: bool = False, **kw: Any) -> dict[str, Any]:
     """A real pod CREATE review for a GPU notebook, with the uid the apiserver gives the pod and the
-    project's runai/queue label (as the mutating webhook set it)."""
-    labels = {**kw.pop("labels", NOTEBOOK), "runai/queue": ns}
+    project's runai/queue and preemptibility labels (as the mutating webhook set them: a pod with
+    a Job owner is a job)."""
+    kind = "job" if kw.get("owners") else "notebook"
+    labels = {**kw.pop("labels", NOTEBOOK), "runai/queue": ns, **admitted_labels(kind)}
     data = pod_review(ns, labels=labels, gpus=gpus, dry_run=dry_run, uid=f"req-{uid}", **kw)
     meta = data["request"]["object"]["metadata"]
     meta.update(uid=uid, name=f"nb-{uid}")

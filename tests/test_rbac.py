@@ -141,9 +141,9 @@ async def cluster(
             if obj["kind"] in LOADED_KINDS:
                 emu.create_object(obj)
         for pc in (
-            priority_class("low", 1000, "Never"),
+            priority_class("batch", 1000, "Never"),
             priority_class("normal", 10000),
-            priority_class("high", 10**5),
+            priority_class("urgent", 10**5),
         ):
             emu.create_object(pc)
         account = one(manifests, "ServiceAccount")["metadata"]

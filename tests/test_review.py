@@ -30,23 +30,23 @@ def test_example_notebook_is_allowed_with_its_patch_and_patched_pod() -> None:
     assert result.returncode == 0, result.stderr
     head, _, patched_yaml = result.stdout.partition("\n---\n")
     assert "decision: ALLOWED" in head
-    assert "injected: priority-class=normal" in head
+    assert "injected: priority-class=hopsworks-normal" in head
     assert "injected: affinity=topology.kubernetes.io/zone=eu-1a" in head
     patched = yaml.safe_load(patched_yaml)
-    assert patched["spec"]["priorityClassName"] == "normal"
+    assert patched["spec"]["priorityClassName"] == "hopsworks-normal"
     assert patched["spec"]["priority"] == 10000
     assert_valid_pod(patched)
 
 
 def test_a_refusal_exits_1_and_says_why(tmp_path: Path) -> None:
     pod = yaml.safe_load((ROOT / "examples" / "requests" / "notebook-pod.yaml").read_text())
-    pod["spec"]["priorityClassName"] = "high"
+    pod["spec"]["priorityClassName"] = "hopsworks-high"
     file = tmp_path / "pod.yaml"
     file.write_text(yaml.safe_dump(pod))
     result = run_review(file)
     assert result.returncode == 1
     assert "decision: REFUSED" in result.stdout
-    assert "allowed: low, normal" in result.stdout
+    assert "allowed: hopsworks-low, hopsworks-normal" in result.stdout
     assert "---" not in result.stdout  # no patched object for a refused pod
 
 
@@ -58,7 +58,7 @@ def test_a_whole_admission_review_is_read_too(tmp_path: Path) -> None:
     file.write_text(json.dumps(whole))
     result = run_review(file)
     assert result.returncode == 0, result.stderr
-    assert "injected: priority-class=high" in result.stdout  # the project's own default
+    assert "injected: priority-class=hopsworks-high" in result.stdout  # the project's own default
     assert "nvidia.com/gpu.product=A100" in result.stdout
 
 

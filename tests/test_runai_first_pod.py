@@ -66,7 +66,7 @@ async def platform(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
             run_ai_project_gpu_quota=2,
             run_ai_reconcile_interval_s=3600,
         )
-        for obj in (namespace(INSTALL_NS, project=False), priority_class("low", 1000, "Never"),
+        for obj in (namespace(INSTALL_NS, project=False), priority_class("batch", 1000, "Never"),
                     priority_class("normal", 10000), settings):  # fmt: skip
             emu.create_object(obj)
         hold_lease_elsewhere(emu)

@@ -30,9 +30,9 @@ async def emulator() -> AsyncIterator[KubeEmulator]:
             namespace("hopsworks", project=False),
             namespace("churn"),
             namespace("bound", labels={"runai/queue": "bound"}),
-            priority_class("low", 1000, "Never"),
+            priority_class("batch", 1000, "Never"),
             priority_class("normal", 10000),
-            priority_class("high", 100000),
+            priority_class("urgent", 100000),
             settings_configmap(),
         ):
             emu.create_object(obj)

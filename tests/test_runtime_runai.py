@@ -15,7 +15,7 @@ import pytest
 from tests.support.cluster import namespace, priority_class, runai_settings_configmap
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
+from tests.support.reviews import admitted_labels, apply_patch, assert_valid_pod, owned_by, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import TOKEN, apiserver_session, base_url, binding_settled, start_runtime
 
@@ -33,7 +33,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[KubeEmulator, RunaiStan
         )
         for obj in (
             namespace("hopsworks", project=False),
-            priority_class("low", 1000, "Never"),
+            priority_class("batch", 1000, "Never"),
             priority_class("normal", 10000),
             settings,
         ):
@@ -97,7 +97,7 @@ async def test_project_lifecycle_with_runai(tmp_path: Path, cluster: tuple[KubeE
             # Jobs (pods of a batch Job) are never checked.
             job = pod_review(
                 "vision",
-                labels={"job-name": "train", "runai/queue": "vision"},
+                labels={"job-name": "train", "runai/queue": "vision", **admitted_labels("job")},
                 gpus=4,
                 uid="job-1",
                 owners=owned_by("Job"),

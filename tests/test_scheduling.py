@@ -24,9 +24,9 @@ NAMESPACES = [
         "fraud",
         annotations={
             "scheduling.hopsworks.ai/available": json.dumps(
-                {"affinity": [A100, ZONE], "antiAffinity": ["maintenance=true"], "priorityClasses": ["low", "high"]}
+                {"affinity": [A100, ZONE], "antiAffinity": ["maintenance=true"], "priorityClasses": ["batch", "urgent"]}
             ),
-            "scheduling.hopsworks.ai/defaults": json.dumps({"affinity": [A100], "priorityClass": "high"}),
+            "scheduling.hopsworks.ai/defaults": json.dumps({"affinity": [A100], "priorityClass": "urgent"}),
         },
     ),
     namespace("bound", labels={"runai/queue": "bound", "hopsworks.ai/runai-project-id": "42"}),
@@ -90,9 +90,9 @@ def _all(*checks: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]]
     return check
 
 
-# `low` as the cluster's globalDefault class, and a pod the Priority plugin gave it to.
-GLOBAL_LOW = priority_class("low", 1000, "Never", True)
-PLUGIN_LOW = {"priorityClassName": "low", "priority": 1000, "preemptionPolicy": "Never"}
+# `batch` as the cluster's globalDefault class, and a pod the Priority plugin gave it to.
+GLOBAL_LOW = priority_class("batch", 1000, "Never", True)
+PLUGIN_LOW = {"priorityClassName": "batch", "priority": 1000, "preemptionPolicy": "Never"}
 
 CASES = [
     Case("S6 namespace that is not a project passes unchanged", namespace="plain", changed=False),
@@ -110,7 +110,7 @@ CASES = [
         "S1 project defaults beat cluster defaults",
         namespace="fraud",
         check=_all(
-            _eq(("spec", "priorityClassName"), "high"),
+            _eq(("spec", "priorityClassName"), "urgent"),
             _eq(("spec", "priority"), 100000),
             lambda pod: _eq(("spec", *REQUIRED), [{"matchExpressions": [IN_A100, NOT_MAINTENANCE]}])(pod),
         ),
@@ -119,9 +119,9 @@ CASES = [
         "S1 workload choice beats project default",
         namespace="fraud",
         annotations={"scheduling.hopsworks.ai/affinity": ZONE},
-        spec={"priorityClassName": "low"},
+        spec={"priorityClassName": "batch"},
         check=_all(
-            _eq(("spec", "priorityClassName"), "low"),
+            _eq(("spec", "priorityClassName"), "batch"),
             _eq(("spec", "priority"), 1000),
             _eq(("spec", "preemptionPolicy"), "Never"),
             lambda pod: _eq(("spec", *REQUIRED), [{"matchExpressions": [IN_ZONE, NOT_MAINTENANCE]}])(pod),
@@ -138,9 +138,9 @@ CASES = [
     ),
     Case(
         "S1 priority class outside the subset is refused",
-        spec={"priorityClassName": "high"},
+        spec={"priorityClassName": "urgent"},
         allowed=False,
-        message=("priority class high", "allowed: low, normal"),
+        message=("priority class urgent", "allowed: batch, normal"),
     ),
     Case(
         "S1 anti-affinity outside the subset is refused",
@@ -168,7 +168,7 @@ CASES = [
         spec=PLUGIN_LOW,
         extra=[GLOBAL_LOW],
         check=_all(
-            _eq(("spec", "priorityClassName"), "high"),
+            _eq(("spec", "priorityClassName"), "urgent"),
             _eq(("spec", "priority"), 100000),
             _eq(("spec", "preemptionPolicy"), "PreemptLowerPriority"),
         ),
@@ -177,17 +177,17 @@ CASES = [
         "S1 a global default class the workload says it chose is kept",
         namespace="fraud",
         spec=PLUGIN_LOW,
-        annotations={"scheduling.hopsworks.ai/priority-class": "low"},
+        annotations={"scheduling.hopsworks.ai/priority-class": "batch"},
         extra=[GLOBAL_LOW],
-        check=_all(_eq(("spec", "priorityClassName"), "low"), _eq(("spec", "priority"), 1000)),
+        check=_all(_eq(("spec", "priorityClassName"), "batch"), _eq(("spec", "priority"), 1000)),
     ),
     Case(
         "S1 the annotation naming another class does not make the global default a choice",
         namespace="fraud",
         spec=PLUGIN_LOW,
-        annotations={"scheduling.hopsworks.ai/priority-class": "high"},
+        annotations={"scheduling.hopsworks.ai/priority-class": "urgent"},
         extra=[GLOBAL_LOW],
-        check=_eq(("spec", "priorityClassName"), "high"),
+        check=_eq(("spec", "priorityClassName"), "urgent"),
     ),
     Case(
         "S1 a global default class chosen explicitly outside the subset is refused",
@@ -195,14 +195,14 @@ CASES = [
         annotations={"scheduling.hopsworks.ai/priority-class": "everyone"},
         extra=[priority_class("everyone", 5, None, True)],
         allowed=False,
-        message=("priority class everyone not available in project churn", "allowed: low, normal"),
+        message=("priority class everyone not available in project churn", "allowed: batch, normal"),
     ),
     Case(
         "S1 an explicit class that is not the global default still beats the project default",
         namespace="fraud",
-        spec={"priorityClassName": "high", "priority": 100000},
+        spec={"priorityClassName": "urgent", "priority": 100000},
         extra=[GLOBAL_LOW],
-        check=_eq(("spec", "priorityClassName"), "high"),
+        check=_eq(("spec", "priorityClassName"), "urgent"),
     ),
     Case(
         "S2 affinity labels of different keys are ORed as separate terms",
@@ -411,7 +411,7 @@ def test_replacing_the_plugins_class_replaces_priority_and_preemption_policy() -
     decision = mutate_pod(data["request"], snap)
     ops = {op["path"]: op for op in decision.patch if op["path"].startswith("/spec/p")}
     assert ops == {
-        "/spec/priorityClassName": {"op": "replace", "path": "/spec/priorityClassName", "value": "high"},
+        "/spec/priorityClassName": {"op": "replace", "path": "/spec/priorityClassName", "value": "urgent"},
         "/spec/priority": {"op": "replace", "path": "/spec/priority", "value": 100000},
         "/spec/preemptionPolicy": {"op": "replace", "path": "/spec/preemptionPolicy", "value": "PreemptLowerPriority"},
     }
@@ -456,7 +456,8 @@ def test_pod_without_labels_gets_the_label_map_created() -> None:
     data = pod_review("bound", base="pod-create-minimal-no-namespace.json")
     data["request"]["object"]["metadata"].pop("labels", None)
     decision = mutate_pod(data["request"], snap)
-    assert {"op": "add", "path": "/metadata/labels", "value": {"runai/queue": "bound"}} in decision.patch
+    labels = {"runai/queue": "bound", "kai.scheduler/preemptibility": "non-preemptible"}
+    assert {"op": "add", "path": "/metadata/labels", "value": labels} in decision.patch
     assert_valid_pod(apply_patch(data["request"]["object"], list(decision.patch)))
 
 

@@ -31,11 +31,12 @@ from tests.support.cluster import (
 )
 from tests.support.https import StartHttpsServer
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.reviews import apply_patch, assert_valid_pod, owned_by, pod_review
+from tests.support.reviews import admitted_labels, apply_patch, assert_valid_pod, owned_by, pod_review
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
 from webhook.core.gpu_view import project_gpu_view
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import gpu_offer, offer_view
+from webhook.core.preemptibility import admitted_preemptibility
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
 from webhook.http.auth import KubeAuthorizer
@@ -66,8 +67,10 @@ NAMESPACES = [
     namespace(
         "fraud",  # its own subset and defaults
         annotations={
-            AV: json.dumps({"affinity": [A100, ZONE], "priorityClasses": ["low", "high"], "queues": ["gpu", "cpu"]}),
-            DF: json.dumps({"affinity": [A100], "priorityClass": "high", "queue": "gpu", "topology": "host"}),
+            AV: json.dumps(
+                {"affinity": [A100, ZONE], "priorityClasses": ["batch", "urgent"], "queues": ["gpu", "cpu"]}
+            ),
+            DF: json.dumps({"affinity": [A100], "priorityClass": "urgent", "queue": "gpu", "topology": "host"}),
         },
     ),
     namespace("broken", annotations={AV: "{not json"}),  # ignored, with a note: the cluster's subset applies
@@ -102,7 +105,7 @@ OFFER_CASES = [
     ("cluster subset and defaults", {}, "churn", None, {
         "affinity": {"choices": [ZONE, SSD], "default": [], "level": "cluster"},
         "anti_affinity": {"choices": ["maintenance=true"], "default": ["maintenance=true"], "level": "cluster"},
-        "priority_class": {"choices": [{"name": "low", "value": 1000, "preemption_policy": "Never"},
+        "priority_class": {"choices": [{"name": "batch", "value": 1000, "preemption_policy": "Never"},
                                        {"name": "normal", "value": 10000,
                                         "preemption_policy": "PreemptLowerPriority"}],
                            "default": "normal", "level": "cluster"},
@@ -110,10 +113,10 @@ OFFER_CASES = [
     ("project subset and defaults", {}, "fraud", None, {
         "affinity": {"choices": [A100, ZONE], "default": [A100], "level": "project"},
         "anti_affinity": {"choices": ["maintenance=true"], "default": ["maintenance=true"], "level": "cluster"},
-        "priority_class": {"choices": [{"name": "low", "value": 1000, "preemption_policy": "Never"},
-                                       {"name": "high", "value": 100000,
+        "priority_class": {"choices": [{"name": "batch", "value": 1000, "preemption_policy": "Never"},
+                                       {"name": "urgent", "value": 100000,
                                         "preemption_policy": "PreemptLowerPriority"}],
-                           "default": "high", "level": "project"}}),
+                           "default": "urgent", "level": "project"}}),
     ("kueue: the namespace's LocalQueues, the cluster's default queue", {"kueue_installed": True}, "churn", None, {
         "kueue_enabled": True,
         "queue": {"choices": ["default", "team"], "existing": ["default", "team"], "default": "default",
@@ -211,11 +214,12 @@ def test_gpus_are_offered_exactly_when_admission_admits_a_gpu(
     }
     pools = [NodePool.from_api({"id": "p1", "name": "default", "clusterId": "c1", "isDefault": True})]
     data = runai_data(reachable=True, projects=projects, departments=[], node_pools=pools)
-    offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind)
+    seen = admitted_preemptibility(kind, {}, None, snap.priority_classes, snap.settings)
+    offer = gpu_offer(project_gpu_view(snap.namespaces["gpu"], snap, data, 0), kind, seen)
     assert offer.allowed is allowed, offer
     labels = {"hopsworks.ai/workload-type": kind} if kind else {}
     if bound:
-        labels["runai/queue"] = "gpu"  # as the mutating webhook set it (S5)
+        labels.update({"runai/queue": "gpu", **admitted_labels(kind)})  # as the mutating webhook set them (S5)
     owners = owned_by("Job") if kind in ("job", "system-job") else None  # what makes a job
     decision = validate_pod(pod_review("gpu", labels=labels, gpus=1, owners=owners)["request"], snap, 0)
     assert decision.allowed is allowed, decision.message
@@ -309,7 +313,7 @@ async def assert_agreement(offer: SchedulingOfferView, decide: Decide, universe:
 UNIVERSE = {
     "affinity": [A100, ZONE, SSD],
     "antiAffinity": ["maintenance=true"],
-    "priorityClasses": ["low", "normal", "high"],
+    "priorityClasses": ["batch", "normal", "urgent"],
     "queues": ["default", "team", "gpu", "cpu", "system"],
 }
 SETTINGS = [{}, {"kueue_installed": True}]
@@ -429,12 +433,12 @@ async def test_workload_choices_as_query_parameters(served: Served) -> None:
 
         status, body = await get(kind="notebook")
         assert status == 200 and body["workload"] is None  # no choices: the answer as before
-        status, body = await get(kind="notebook", affinity=ZONE, queue="gpu", priorityClass="low")
+        status, body = await get(kind="notebook", affinity=ZONE, queue="gpu", priorityClass="batch")
         assert status == 200, body
         workload = body["workload"]
         assert workload["affinity"] == {"value": [ZONE], "level": "workload"}
         assert workload["anti_affinity"] == {"value": ["maintenance=true"], "level": "cluster"}
-        assert workload["priority_class"] == {"value": "low", "level": "workload"}
+        assert workload["priority_class"] == {"value": "batch", "level": "workload"}
         assert workload["queue"] == {"value": "gpu", "level": "workload"}
         assert workload["topology"] == {"value": "host", "level": "project"}
         assert workload["errors"] == []

@@ -84,12 +84,12 @@ async def test_pod_in_a_project_comes_back_patched_over_keep_alive(https_server:
 
 async def test_refusal_carries_status_and_no_patch(https_server: StartHttpsServer) -> None:
     srv = await https_server(make_app())
-    status, answer = await post(srv, "/mutate/pods", pod_review("churn", spec={"priorityClassName": "high"}))
+    status, answer = await post(srv, "/mutate/pods", pod_review("churn", spec={"priorityClassName": "urgent"}))
     assert status == 200
     response = answer["response"]
     assert response["allowed"] is False
     assert response["status"]["code"] == 403
-    assert "allowed: low, normal" in response["status"]["message"]
+    assert "allowed: batch, normal" in response["status"]["message"]
     assert "patch" not in response and "patchType" not in response
 
 

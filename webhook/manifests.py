@@ -246,7 +246,7 @@ def _settings_data(merged: Mapping[str, Any], base: list[dict[str, Any]]) -> dic
         settings = ClusterSettings.from_configmap_data(data)
     except SettingsError as exc:
         raise RenderError(f"settings: {exc}") from None
-    error = settings.exclusion_error()
+    error = settings.exclusion_error() or settings.runai_error()
     if error:
         raise RenderError(error)
     if settings.run_ai_enable and _helm_kueue_enabled(merged["global"]):

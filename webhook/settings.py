@@ -16,14 +16,22 @@ SETTINGS_CONFIGMAP = "hopsworks-cluster-settings"
 DEFAULT_RUNAI_URL = "http://runai-backend-traefik.runai-backend.svc.cluster.local:8080"
 
 WORKLOAD_KINDS = ("notebook", "terminal", "app", "deployment", "job", "system-job")
-# Run:ai preempts jobs, so they run over quota unchecked. Everything else, a kind not recognised
-# (None) included, is non-preemptible and admitted only within the project's deserved quota.
+# The platform's promise: Run:ai may preempt jobs, so they run over quota unchecked. Everything
+# else, a kind not recognised (None) included, is non-preemptible and admitted only within the
+# project's deserved quota. What Run:ai is told (`RunaiScheduling`) must say the same.
 PREEMPTIBLE_KINDS = frozenset({"job", "system-job"})
-
-
-def quota_checked(kind: str | None) -> bool:
-    """Whether pods of this workload kind count against, and are checked by, the deserved quota."""
-    return kind not in PREEMPTIBLE_KINDS
+UNKNOWN_KIND = "unknown"  # the mapping's key for a pod no kind rule recognises
+PREEMPTIBLE, NON_PREEMPTIBLE = "preemptible", "non-preemptible"
+# The pod label KAI-Scheduler (v0.10+) and Run:ai's scheduler read before any priority value.
+KAI_PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+# Run:ai's own cluster-scoped PriorityClasses and their values: the priority dictionary of
+# self-hosted 2.2x/3.0 (very-low ... very-high) and the classes KAI-Scheduler and older Run:ai
+# releases install (train, build-preemptible, build, inference). Below 100 is preemptible.
+RUNAI_PRIORITY_CLASSES: dict[str, int] = {
+    "very-low": 25, "low": 40, "medium-low": 65, "medium": 80, "medium-high": 90, "high": 125, "very-high": 150,
+    "train": 50, "build-preemptible": 75, "build": 100, "inference": 125,
+}  # fmt: skip
+NON_PREEMPTIBLE_PRIORITY = 100
 
 
 BUILTIN_TOPOLOGIES = {
@@ -131,6 +139,81 @@ class WorkloadKindRules(_Strict):
     job_owners: list[JobOwner] = Field(default_factory=_default_job_owners, alias="jobOwners")
 
 
+def _promised_preemptibility() -> dict[str, str]:
+    return {
+        kind: PREEMPTIBLE if kind in PREEMPTIBLE_KINDS else NON_PREEMPTIBLE for kind in (*WORKLOAD_KINDS, UNKNOWN_KIND)
+    }
+
+
+class RunaiScheduling(_Strict):
+    """What each pod tells Run:ai's scheduler about itself (Run:ai on), by workload kind.
+
+    Run:ai decides preemptibility from the pod, not from the platform's kinds: an explicit label
+    first, else the value of the priority class (100 and over: non-preemptible). The platform's
+    classes are worth far more than 100, so the webhook writes the label; for Run:ai releases that
+    do not read it, `priorityClasses` names one of Run:ai's own classes per kind, written as the
+    pod label `priorityClassName` (Run:ai's priority inside the project; `spec.priorityClassName`,
+    what the Kubernetes scheduler reads, stays the platform's)."""
+
+    preemptibility: dict[str, str] = Field(default_factory=_promised_preemptibility)
+    preemptibility_label: str = Field(default=KAI_PREEMPTIBILITY_LABEL, alias="preemptibilityLabel")
+    priority_classes: dict[str, str] = Field(default_factory=dict, alias="priorityClasses")
+
+    @field_validator("preemptibility", "priority_classes")
+    @classmethod
+    def _known_kinds(cls, value: dict[str, str]) -> dict[str, str]:
+        known = (*WORKLOAD_KINDS, UNKNOWN_KIND)
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"unknown workload kinds {unknown}; known: {', '.join(known)}")
+        return value
+
+    @field_validator("preemptibility", mode="after")
+    @classmethod
+    def _values(cls, value: dict[str, str]) -> dict[str, str]:
+        for kind, said in value.items():
+            if said not in (PREEMPTIBLE, NON_PREEMPTIBLE):
+                raise ValueError(f"{kind}: {said!r} is neither {PREEMPTIBLE} nor {NON_PREEMPTIBLE}")
+        return {**_promised_preemptibility(), **value}  # a kind left out keeps the promised value
+
+    def promise_error(self) -> str | None:
+        """Why these settings would make Run:ai treat a kind otherwise than the platform promises
+        (jobs preemptible and unchecked; the rest non-preemptible and held to the quota)."""
+        problems = []
+        for kind, said in sorted(self.preemptibility.items()):
+            promised = _promised_preemptibility()[kind]
+            if said != promised:
+                why = (
+                    "jobs are admitted without a quota check, so Run:ai must be free to run them over quota "
+                    "(a non-preemptible job over quota waits pending)"
+                    if promised == PREEMPTIBLE
+                    else "the platform promises these are never preempted, so they are held to the deserved quota"
+                )
+                problems.append(f"runai.preemptibility.{kind} must be {promised}, not {said}: {why}")
+        for kind, name in sorted(self.priority_classes.items()):
+            value = RUNAI_PRIORITY_CLASSES.get(name)
+            wanted_preemptible = self.preemptibility[kind] == PREEMPTIBLE
+            if value is None:
+                problems.append(
+                    f"runai.priorityClasses.{kind}: {name!r} is not one of Run:ai's priority classes "
+                    f"({', '.join(RUNAI_PRIORITY_CLASSES)})"
+                )
+            elif (value < NON_PREEMPTIBLE_PRIORITY) != wanted_preemptible:
+                side = "below" if wanted_preemptible else "at least"
+                problems.append(
+                    f"runai.priorityClasses.{kind}: {name} is worth {value}; a {self.preemptibility[kind]} "
+                    f"{kind} needs a class worth {side} {NON_PREEMPTIBLE_PRIORITY}"
+                )
+        if not self.preemptibility_label:
+            missing = [k for k in (*WORKLOAD_KINDS, UNKNOWN_KIND) if k not in self.priority_classes]
+            if missing:
+                problems.append(
+                    "runai.preemptibilityLabel is empty, so only runai.priorityClasses tells Run:ai which pods it may "
+                    f"preempt, and it names no class for {', '.join(missing)}"
+                )
+        return "; ".join(problems) or None
+
+
 class SchedulerConfig(_Strict):
     available: Available = Field(default_factory=Available)
     project: Subset = Field(default_factory=Subset)
@@ -138,6 +221,7 @@ class SchedulerConfig(_Strict):
     workload_kinds: WorkloadKindRules = Field(default_factory=WorkloadKindRules, alias="workloadKinds")
     # Required node-affinity terms are ORed; crossing them with our affinity groups multiplies them.
     max_node_selector_terms: int = Field(default=16, ge=1, le=256, alias="maxNodeSelectorTerms")
+    runai: RunaiScheduling = Field(default_factory=RunaiScheduling)
 
     @model_validator(mode="after")
     def _subset_within_available(self) -> SchedulerConfig:
@@ -187,6 +271,25 @@ class ClusterSettings(_Strict):
         if self.kueue_installed and self.run_ai_enable:
             return "kueue_installed and run_ai_enable cannot both be true: a cluster uses Kueue, Run:ai, or neither"
         return None
+
+    def runai_error(self) -> str | None:
+        """Settings that would break the quota promise on a Run:ai cluster: what Run:ai is told
+        about preemptibility, and platform PriorityClass names that are Run:ai's own."""
+        if not self.run_ai_enable:
+            return None
+        problems = [e for e in (self.scheduler.runai.promise_error(),) if e]
+        named = {*self.scheduler.available.priority_classes, *(self.scheduler.project.priority_classes or ())}
+        if self.scheduler.defaults.priority_class:
+            named.add(self.scheduler.defaults.priority_class)
+        clash = sorted(named & set(RUNAI_PRIORITY_CLASSES))
+        if clash:
+            problems.append(
+                f"priority classes {clash} are also Run:ai's own cluster-scoped classes "
+                f"({', '.join(RUNAI_PRIORITY_CLASSES)}), "
+                "whose values decide preemptibility: with Run:ai on, give the platform's classes names of their own "
+                "(the install's are hopsworks-low, hopsworks-normal, hopsworks-high)"
+            )
+        return "; ".join(problems) or None
 
     @classmethod
     def from_configmap_data(cls, data: Any) -> ClusterSettings:

@@ -324,6 +324,9 @@ class PodRecord:
     # kind rules classifies them again instead of leaving the kind the old rules gave.
     labels: Mapping[str, Any] = field(default_factory=dict, compare=False)
     controller: tuple[str, str] | None = field(default=None, compare=False)  # (API group, kind) of its controller
+    priority_class: str | None = field(default=None, compare=False)  # spec.priorityClassName (GPU pods only)
+    # How Run:ai classifies it (`core.preemptibility`): a non-preemptible pod holds deserved GPUs.
+    preemptible: bool = False
     scheduled: bool = False  # bound to a node: Run:ai has allocated its GPUs
     gpus_unreadable: bool = False  # `gpus` is UNREADABLE_POD_GPUS: the request could not be read
 
@@ -341,6 +344,7 @@ class FreedPod:
     kind: str | None
     scheduled: bool  # it was on a node, so Run:ai's allocation counted it until then
     at: float  # epoch seconds the cache learnt it
+    preemptible: bool = False  # as Run:ai classified it: only non-preemptible GPUs were in its count
 
 
 @dataclass(frozen=True, slots=True)

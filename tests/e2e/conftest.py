@@ -35,7 +35,7 @@ from tests.support.control_plane.install import INSTALL_NS, SETTINGS, Install, i
 
 KUBECONFIG_ENV = "SCHEDULING_WEBHOOK_E2E_KUBECONFIG"  # a cluster with the install
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
-PRIORITY_CLASSES = [("low", 1000, "Never"), ("normal", 10000, None), ("high", 100000, None)]
+PRIORITY_CLASSES = [("batch", 1000, "Never"), ("normal", 10000, None), ("urgent", 100000, None)]
 Obj = dict[str, Any]
 
 

@@ -92,9 +92,9 @@ async def test_kubectl_run_stores_the_merged_scheduling(cluster: Cluster) -> Non
     assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == ("normal", 10000)
     # kubectl apply of a manifest with a class of the project's set and an anti-affinity choice.
     await cluster.apply(pod("job", project, annotations={"scheduling.hopsworks.ai/anti-affinity": ""},
-                            priorityClassName="low"))  # fmt: skip
+                            priorityClassName="batch"))  # fmt: skip
     stored = await cluster.get("pod", "job", project)
-    assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == ("low", 1000)
+    assert (stored["spec"]["priorityClassName"], stored["spec"]["priority"]) == ("batch", 1000)
     assert stored["spec"]["preemptionPolicy"] == "Never"
     # The same in a namespace that is not a project: the selector keeps it away, nothing is added.
     other = await cluster.plain_namespace("tools")
@@ -108,13 +108,13 @@ async def test_a_class_outside_the_project_set_is_refused_in_kubectl_stderr(clus
     await offer_scheduling(cluster)
     project = await cluster.project("nlp")
     stderr = await cluster.refused("apply", "-f", "-",
-                                   stdin=yaml.safe_dump(pod("nb", project, priorityClassName="high")))  # fmt: skip
+                                   stdin=yaml.safe_dump(pod("nb", project, priorityClassName="urgent")))  # fmt: skip
     assert stderr.startswith("Error from server (Forbidden): error when creating"), stderr
     assert "admission webhook" in stderr and "denied the request:" in stderr, stderr
-    assert f"high not available in project {project}; allowed: low, normal" in stderr, stderr
+    assert f"urgent not available in project {project}; allowed: batch, normal" in stderr, stderr
     # Not a project: the validating and mutating selectors exclude it, the class is stored as asked.
     other = await cluster.plain_namespace("tools")
-    await cluster.apply(pod("nb", other, priorityClassName="high"))
+    await cluster.apply(pod("nb", other, priorityClassName="urgent"))
     assert (await cluster.get("pod", "nb", other))["spec"]["priority"] == 100000
 
 

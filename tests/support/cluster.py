@@ -15,17 +15,17 @@ SCHEDULER = {
     "available": {
         "affinity": ["nvidia.com/gpu.product=A100", "topology.kubernetes.io/zone=eu-1a", "disk=ssd"],
         "antiAffinity": ["maintenance=true"],
-        "priorityClasses": ["low", "normal", "high"],
+        "priorityClasses": ["batch", "normal", "urgent"],
     },
     "project": {
         "affinity": ["topology.kubernetes.io/zone=eu-1a", "disk=ssd"],
         "antiAffinity": ["maintenance=true"],
-        "priorityClasses": ["low", "normal"],
+        "priorityClasses": ["batch", "normal"],
     },
     "defaults": {"priorityClass": "normal", "antiAffinity": ["maintenance=true"]},
 }
 
-PRIORITY_CLASSES = [("low", 1000, "Never", False), ("normal", 10000, None, False), ("high", 100000, None, False)]
+PRIORITY_CLASSES = [("batch", 1000, "Never", False), ("normal", 10000, None, False), ("urgent", 100000, None, False)]
 
 
 def namespace(

@@ -99,6 +99,15 @@ def owned_by(
     ]
 
 
+PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+
+
+def admitted_labels(kind: str | None) -> dict[str, str]:
+    """The preemptibility label the mutating webhook writes on a pod of `kind` (Run:ai on, stock
+    settings): what a test pod that "went through admission" carries."""
+    return {PREEMPTIBILITY_LABEL: "preemptible" if kind in ("job", "system-job") else "non-preemptible"}
+
+
 def apply_patch(obj: Mapping[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
     """Apply with an independent RFC 6902 implementation (raises on an invalid patch)."""
     return jsonpatch.JsonPatch(patch).apply(copy.deepcopy(dict(obj)))

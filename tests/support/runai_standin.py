@@ -20,13 +20,14 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
+from .kai_rules import kai_preemptible, pod_gpus
 from .openapi_check import Violation, spec_middleware
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -347,6 +348,31 @@ class RunaiStandin:
         )
         project["status"]["nodePoolQuotaStatuses"] = statuses
         project["status"]["quotaStatus"] = self._sum_status(statuses)
+
+    def account(
+        self,
+        name: str,
+        pods: Iterable[Mapping[str, Any]],
+        priority_classes: Mapping[str, int],
+        *,
+        node_pool: str | None = None,
+    ) -> None:
+        """Run:ai's own accounting of the project's scheduled pods, as KAI classifies them
+        (`tests.support.kai_rules`, written apart from the webhook's): `allocated` is every GPU,
+        `allocatedNonPreemptible` those of pods it will not preempt."""
+        allocated = non_preemptible = 0.0
+        for pod in pods:
+            gpus = pod_gpus(pod)
+            allocated += gpus
+            if not kai_preemptible(pod, priority_classes):
+                non_preemptible += gpus
+        self.set_project_usage(
+            name,
+            allocated=allocated,
+            allocated_non_preemptible=non_preemptible,
+            requested=allocated,
+            node_pool=node_pool,
+        )
 
     # ---- tokens ---------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ from webhook.core.runai_data import (
     RunaiNodePool,
     RunaiProject,
 )
-from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
 
 
@@ -184,7 +183,7 @@ def view_node_pool(ns: NamespaceInfo, snapshot: ClusterSnapshot, runai: RunaiDat
 
 def pod_gpus(snapshot: ClusterSnapshot, namespace: str, now: float) -> PodGpus:
     pods = snapshot.pods.get(namespace, {}).values()
-    preemptible = sum(p.gpus for p in pods if not p.finished and not quota_checked(p.kind))
+    preemptible = sum(p.gpus for p in pods if not p.finished and p.preemptible)
     return PodGpus(non_preemptible=gpus_in_use(snapshot, namespace, now), preemptible=preemptible)
 
 

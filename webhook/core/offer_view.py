@@ -19,7 +19,8 @@ from webhook.core.choices import (
 from webhook.core.gpu_view import GpuAvailability, GpuCode
 from webhook.core.kueue import queue_placement, queue_warning
 from webhook.core.offer import CLUSTER, Level, SchedulingOffer
-from webhook.settings import WORKLOAD_KINDS, quota_checked
+from webhook.core.preemptibility import RunaiPreemptibility, admitted_preemptibility
+from webhook.settings import WORKLOAD_KINDS
 from webhook.snapshot import ClusterSnapshot
 
 
@@ -142,14 +143,14 @@ class SchedulingOfferView(BaseModel):
     workload: WorkloadScheduling | None = None
 
 
-def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
+def gpu_offer(view: GpuAvailability, kind: str | None, seen: RunaiPreemptibility) -> GpuOffer:
     """Whether a workload of `kind` may ask for GPUs, from the GPU view, as admission decides it:
     Run:ai off, GPUs are Kubernetes' to schedule; on, nothing starts in a project not bound yet,
     and a kind Run:ai does not preempt (notebook, terminal, app, deployment, and a pod no kind rule
     recognises: `kind` None) gets GPUs only in a project with deserved GPUs. Jobs are not held to
     the quota; nor is anything while Run:ai is unreachable (Run:ai enforces it then). A project
     whose Run:ai project is gone from Run:ai, or not known here yet, gets none: admission refuses
-    those too."""
+    those too. `seen`: how Run:ai will classify such a workload's pods (`core.preemptibility`)."""
     project = view.project
     deserved = project.quota if project is not None else None
 
@@ -167,8 +168,8 @@ def gpu_offer(view: GpuAvailability, kind: str | None) -> GpuOffer:
         return answer(True, False, "Run:ai is off: Kubernetes schedules GPUs")
     if view.status == GpuCode.NOT_BOUND:
         return answer(False, False, "the project is not bound to Run:ai yet: its workloads start once it is")
-    if not quota_checked(kind):
-        return answer(True, False, f"{kind}s are preemptible: not held to the deserved GPUs")
+    if seen.preemptible:
+        return answer(True, False, f"{kind or 'pod'}s are preemptible to Run:ai: not held to the deserved GPUs")
     codes = {w.code for w in view.warnings}
     if project is None and GpuCode.PROJECT_MISSING in codes:
         return answer(False, False, "the project's Run:ai project no longer exists in Run:ai; see the GPU view")
@@ -218,7 +219,11 @@ def offer_view(
         kueue_enabled=offer.kueue,
         queue=queue,
         topology=topology,
-        gpus=gpu_offer(gpus, kind),
+        gpus=gpu_offer(
+            gpus,
+            kind,
+            admitted_preemptibility(kind, {}, offer.default_priority_class, classes, snapshot.settings),
+        ),
         notes=notes,
         workload=None if choices is None else workload_view(resolve_choices(offer, choices, snapshot, kind)),
     )

@@ -19,8 +19,9 @@ from typing import Any
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, pod_gpu_request
 from webhook.core.kueue import ungated_pod_refusal
+from webhook.core.preemptibility import runai_preemptibility
+from webhook.core.runai_admission import runai_pod_refusal
 from webhook.core.scheduling import pod_target
-from webhook.settings import quota_checked
 from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
 
 EPSILON = 1e-9  # fractions add up in floating point
@@ -37,7 +38,7 @@ def gpus_in_use(snapshot: ClusterSnapshot, namespace: str, now: float, exclude: 
     for pods the cache does not show yet. A reservation of a pod the cache saw deleted or finished
     no longer counts: its GPUs are free once the cache learns it, not when the reservation expires."""
     pods = snapshot.pods.get(namespace, {})
-    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and quota_checked(p.kind))
+    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and not p.preemptible)
     reservations = snapshot.gpu_reservations.get(namespace, {})
     freed = snapshot.freed_pods.get(namespace, {})
     pending = sum(
@@ -89,7 +90,7 @@ def gpus_left(
     freed_since = sum(
         f.gpus
         for f in snapshot.freed_pods.get(namespace, {}).values()
-        if f.at > project.sampled_at and f.scheduled and quota_checked(f.kind)
+        if f.at > project.sampled_at and f.scheduled and not f.preemptible
     )
     return GpusLeft(
         node_pool=project.node_pool,
@@ -140,13 +141,20 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             code=403,
             reason=Reason.RUNAI_QUEUE_MISSING,
         )
+    refused = runai_pod_refusal(target.pod)
+    if refused is not None:
+        return refused
     try:
         # Every kind: a request that cannot be read would count as NaN or infinity in the caches.
         gpus = pod_gpu_request(target.pod)
     except ValueError as exc:
         return Decision.deny(f"GPU request: {exc}", code=400, reason=Reason.INVALID)
-    if not quota_checked(target.kind):
-        return Decision.allow()  # jobs are preemptible: Run:ai runs them on idle GPUs over quota
+    # As Run:ai will classify it, from the labels the mutating webhook wrote.
+    seen = runai_preemptibility(
+        target.labels, target.spec.get("priorityClassName"), snapshot.priority_classes, settings
+    )
+    if seen.preemptible:
+        return Decision.allow()  # Run:ai may preempt it, so it may run over quota on idle GPUs
     if gpus <= 0:
         return Decision.allow()
     return check_quota(

@@ -17,6 +17,8 @@ from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
 from webhook.core.patch import PodPatch
+from webhook.core.preemptibility import RUNAI_PRIORITY_LABEL, runai_labels
+from webhook.core.runai_admission import runai_pod_refusal
 from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     AFFINITY_ANNOTATION,
@@ -144,7 +146,7 @@ def mutate_pod(
         return Decision.allow()
     settings = snapshot.settings
     if settings.run_ai_enable:
-        held = runai_binding_refusal(target.namespace, now, settle_s)
+        held = runai_binding_refusal(target.namespace, now, settle_s) or runai_pod_refusal(target.pod)
         if held is not None:
             return held
     # The offer is what the scheduling API shows: a choice outside it is refused, its defaults apply.
@@ -427,3 +429,14 @@ def _runai_queue(m: _Mutation) -> None:
         m.warnings.append(f"runai/queue {current} replaced by this project's queue {queue}")
     m.patch.set_label(RUNAI_QUEUE_LABEL, queue)
     m.audit["runai-queue"] = queue
+    # Run:ai decides preemptibility from these labels, not from spec.priorityClassName's value
+    # (the platform's classes are worth far more than Run:ai's threshold of 100): see core.preemptibility.
+    for label, value in runai_labels(m.target.kind, m.snapshot.settings).items():
+        current = m.target.labels.get(label)
+        if current is not None and current != value:
+            m.warnings.append(
+                f"{label} {str(current)[:60]} replaced by {value}: the platform decides it by workload kind"
+            )
+        m.patch.set_label(label, value)
+        # Audit keys are qualified names under the webhook's name: no second slash.
+        m.audit["runai-priority-class" if label == RUNAI_PRIORITY_LABEL else "runai-preemptibility"] = value

@@ -1,4 +1,4 @@
-"""The settings guard (rules G1-G3, see docs/RULES.md): who may change the cluster settings
+"""The settings guard (rules G1-G4, see docs/RULES.md): who may change the cluster settings
 ConfigMap, and which changes are refused whoever asks.
 
 A pure function of (AdmissionReview `request`, cluster snapshot, guard configuration) ->
@@ -47,7 +47,7 @@ def _bound_namespaces(snapshot: ClusterSnapshot) -> list[str]:
 
 
 def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapshot, config: GuardConfig) -> Decision:
-    """Judge a write to the settings ConfigMap (G1-G3); other ConfigMaps pass.
+    """Judge a write to the settings ConfigMap (G1-G4); other ConfigMaps pass.
 
     The change is measured between the settings before and after the request; an absent ConfigMap
     means the default settings (the caches treat a deleted one so). Hence DELETE is allowed
@@ -97,6 +97,11 @@ def validate_settings_change(request: Mapping[str, Any], snapshot: ClusterSnapsh
             code=403,
             reason=Reason.FORBIDDEN,
         )
+
+    promise = after.runai_error()
+    if promise:
+        # A policy refusal like G1 (403, so that `kubectl edit` prints the message).
+        return Decision.deny(f"{SETTINGS_CONFIGMAP}: {promise}", code=403, reason=Reason.FORBIDDEN)
 
     warnings: list[str] = []
     audit: dict[str, str] = {}

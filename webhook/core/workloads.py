@@ -14,11 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
+from webhook.core.gpu_sharing import gpu_sharing_error
 from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.core.preemptibility import (
+    RUNAI_PRIORITY_LABEL,
+    SKIP_POD_GROUPER_ANNOTATION,
+    admitted_preemptibility,
+    intended,
+)
 from webhook.core.quota import EPSILON, check_quota, format_gpus
 from webhook.core.scheduling import request_namespace
-from webhook.settings import WorkloadKindRules, quota_checked
-from webhook.snapshot import ClusterSnapshot
+from webhook.settings import ClusterSettings
+from webhook.snapshot import ClusterSnapshot, PriorityClassInfo
 
 # (API group, kind) of the pod owners this check reads; the value is the plural the scale
 # subresource is addressed by (`deployments/scale`).
@@ -45,10 +52,11 @@ class Demand:
     kind: str | None  # the platform's workload kind of its pods
     replicas: int
     gpus_per_pod: float
+    quota_checked: bool  # its pods are non-preemptible to Run:ai once labelled (`core.preemptibility`)
 
     @property
     def total(self) -> float:
-        return self.replicas * self.gpus_per_pod if quota_checked(self.kind) else 0.0
+        return self.replicas * self.gpus_per_pod if self.quota_checked else 0.0
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -84,17 +92,58 @@ def concurrent_pods(obj: Mapping[str, Any], kind: str) -> int:
     return _count(spec.get("replicas"))
 
 
-def demand(obj: Mapping[str, Any], kind: str, rules: WorkloadKindRules, replicas: int | None = None) -> Demand:
-    """Raises ValueError on a malformed GPU request in the template."""
+def demand(
+    obj: Mapping[str, Any],
+    kind: str,
+    settings: ClusterSettings,
+    classes: Mapping[str, PriorityClassInfo],
+    replicas: int | None = None,
+) -> Demand:
+    """Raises ValueError on a malformed GPU request in the template (Run:ai's grammar included)."""
     template = pod_template(obj, kind)
     labels = _map(_map(template.get("metadata")).get("labels"))
     # The Job controller will own these pods (a CronJob's through its Jobs).
     controller = ("batch", "Job") if kind in ("Job", "CronJob") else None
+    pod_kind = classify_workload(labels, settings.scheduler.workload_kinds, controller)
+    sharing = gpu_sharing_error(template)
+    if sharing is not None:
+        raise ValueError(sharing)
+    spec = _map(template.get("spec"))
+    seen = admitted_preemptibility(pod_kind, labels, spec.get("priorityClassName"), classes, settings)
     return Demand(
-        kind=classify_workload(labels, rules, controller),
+        kind=pod_kind,
         replicas=concurrent_pods(obj, kind) if replicas is None else replicas,
         gpus_per_pod=pod_gpu_request(template),
+        quota_checked=seen.quota_checked,
     )
+
+
+def owner_label_error(obj: Mapping[str, Any], pod_kind: str | None, settings: ClusterSettings) -> str | None:
+    """Run:ai reads a pod's preemptibility (and its priority class) from the pod's owners before
+    the pod: an owner label that says otherwise than the pods are labelled would win over ours."""
+    meta = _map(obj.get("metadata"))
+    labels = _map(meta.get("labels"))
+    runai = settings.scheduler.runai
+    said = labels.get(runai.preemptibility_label) if runai.preemptibility_label else None
+    wanted = intended(pod_kind, settings)
+    if said is not None and said != wanted:
+        return (
+            f"label {runai.preemptibility_label}={str(said)[:60]} on this object would make Run:ai treat its pods "
+            f"({pod_kind or 'of no known kind'}) as {said}; the platform makes them {wanted}: remove the label"
+        )
+    named = labels.get(RUNAI_PRIORITY_LABEL)
+    ours = runai.priority_classes.get(pod_kind or "unknown")
+    if named is not None and not runai.preemptibility_label and named != ours:
+        return (
+            f"label {RUNAI_PRIORITY_LABEL}={str(named)[:60]} on this object would give its pods Run:ai priority class "
+            f"{named} instead of {ours}: remove the label"
+        )
+    if str(_map(meta.get("annotations")).get(SKIP_POD_GROUPER_ANNOTATION, "")) == "true":
+        return (
+            f"annotation {SKIP_POD_GROUPER_ANNOTATION}: true keeps Run:ai's pod grouper away from its pods, and so "
+            "the preemptibility the platform gives them: remove the annotation"
+        )
+    return None
 
 
 def _controlled_by_checked_owner(obj: Mapping[str, Any]) -> bool:
@@ -182,12 +231,15 @@ def validate_workload(
     target = workload_request(request, parent)
     if target is None or _controlled_by_checked_owner(target.owner):
         return Decision.allow()
-    rules = settings.scheduler.workload_kinds
+    classes = snapshot.priority_classes
     try:
-        new = demand(target.owner, target.kind, rules, target.new_replicas)
-        old = demand(target.old, target.kind, rules, target.old_replicas) if target.old else None
+        new = demand(target.owner, target.kind, settings, classes, target.new_replicas)
+        old = demand(target.old, target.kind, settings, classes, target.old_replicas) if target.old else None
     except ValueError as exc:
         return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason=Reason.INVALID)
+    labelled = owner_label_error(target.owner, new.kind, settings)
+    if labelled is not None:
+        return Decision.deny(f"{target.kind} {target.name}: {labelled}", code=403, reason=Reason.FORBIDDEN)
     increase = new.total - (old.total if old is not None else 0.0)
     if increase <= EPSILON:
         return Decision.allow()  # jobs, no GPUs, unchanged or scaled down: nothing more asked

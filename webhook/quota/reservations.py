@@ -26,11 +26,11 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import pod_gpu_request
+from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.quota import request_key, validate_pod
 from webhook.core.scheduling import pod_target
 from webhook.kube.api import KubeApi, KubeConflict, KubeError
 from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
-from webhook.settings import quota_checked
 from webhook.snapshot import ClusterSnapshot, GpuReservation
 from webhook.state.store import ClusterState, apply_each
 
@@ -88,7 +88,10 @@ def reservation_need(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> t
     target = pod_target(request, snapshot)
     if target is None or not snapshot.settings.run_ai_enable or target.namespace.runai_queue is None:
         return None
-    if not quota_checked(target.kind):
+    seen = runai_preemptibility(
+        target.labels, target.spec.get("priorityClassName"), snapshot.priority_classes, snapshot.settings
+    )
+    if seen.preemptible:
         return None
     if snapshot.runai_projects is None or target.namespace.name not in snapshot.runai_projects:
         return None

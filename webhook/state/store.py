@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
+from webhook.core.preemptibility import runai_preemptibility
 from webhook.metrics import PODS_UNREADABLE_GPUS, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import (
@@ -117,6 +118,7 @@ class ClusterState:
             self.namespaces[name] = self._stamped(NamespaceInfo.from_object(obj))
         elif kind == "PriorityClass":
             self.priority_classes[name] = PriorityClassInfo.from_object(obj)
+            self._classify_gpu_pods(self._snapshot.settings)  # Run:ai reads the class's value
         elif kind == "ConfigMap":
             if self._is_settings(meta):
                 self._apply_settings(obj.get("data") or {})
@@ -138,7 +140,7 @@ class ClusterState:
             rs = ReplicaSetInfo.from_object(obj)
             self.replica_sets.setdefault(rs.namespace, {})[rs.name] = rs
         elif kind == "Pod":
-            record = pod_record(obj, self._snapshot.settings)
+            record = pod_record(obj, self._snapshot.settings, self.priority_classes)
             pods = self.pods.setdefault(record.namespace, {})
             previous = pods.get(record.uid)
             pods[record.uid] = record
@@ -162,7 +164,8 @@ class ClusterState:
             self.local_queue_info.pop(name, None)
             self.replica_sets.pop(name, None)
         elif kind == "PriorityClass":
-            self.priority_classes.pop(name, None)
+            if self.priority_classes.pop(name, None) is not None:
+                self._classify_gpu_pods(self._snapshot.settings)
         elif kind == "ConfigMap":
             if self._is_settings(meta):
                 self._apply_settings({})
@@ -200,7 +203,7 @@ class ClusterState:
                 self.pods.pop(ns, None)
             self._mark_unreadable(uid, False)
             if record is None:  # never seen (e.g. deleted during a re-list): its reservation ends here too
-                record = pod_record(obj, self._snapshot.settings)
+                record = pod_record(obj, self._snapshot.settings, self.priority_classes)
             if not record.finished:  # a finished pod's GPUs were freed when it finished
                 self._freed(record)
         else:
@@ -268,7 +271,12 @@ class ClusterState:
         for uid in [uid for uid, f in freed.items() if f.at < now - FREED_RETENTION_S]:
             del freed[uid]
         freed[record.uid] = FreedPod(
-            uid=record.uid, gpus=record.gpus, kind=record.kind, scheduled=record.scheduled, at=now
+            uid=record.uid,
+            gpus=record.gpus,
+            kind=record.kind,
+            scheduled=record.scheduled,
+            at=now,
+            preemptible=record.preemptible,
         )
 
     def _is_settings(self, meta: Mapping[str, Any]) -> bool:
@@ -287,9 +295,10 @@ class ClusterState:
             self._snapshot.settings_error = str(exc)
             SETTINGS_REJECTED.set(1)
             return
-        conflict = settings.exclusion_error()
+        conflict = settings.exclusion_error() or settings.runai_error()
         if conflict:
-            # G1: never act on both; keep what was in force and report it.
+            # G1: never act on both; nor tell Run:ai otherwise than the quota check assumes. Keep
+            # what was in force and report it.
             log.error("settings ConfigMap rejected, keeping the previous settings: %s", conflict)
             self._snapshot.settings_error = conflict
             SETTINGS_REJECTED.set(1)
@@ -297,17 +306,22 @@ class ClusterState:
         previous, self._snapshot.settings = self._snapshot.settings, settings
         self._snapshot.settings_error = None
         SETTINGS_REJECTED.set(0)
-        if settings.scheduler.workload_kinds != previous.scheduler.workload_kinds:
+        if (
+            settings.scheduler.workload_kinds != previous.scheduler.workload_kinds
+            or settings.scheduler.runai != previous.scheduler.runai
+        ):
             self._classify_gpu_pods(settings)
 
     def _classify_gpu_pods(self, settings: ClusterSettings) -> None:
-        """Pods cached under other workload kind rules (or listed before the settings arrived)."""
+        """Pods cached under other workload kind rules or Run:ai settings (or listed before the
+        settings arrived), or whose priority class changed: kind and preemptibility again."""
         rules = settings.scheduler.workload_kinds
         for pods in self.pods.values():
             for uid, record in pods.items():
                 if record.gpus:
                     kind = classify_workload(record.labels, rules, record.controller)
-                    pods[uid] = dataclasses.replace(record, kind=kind)
+                    seen = runai_preemptibility(record.labels, record.priority_class, self.priority_classes, settings)
+                    pods[uid] = dataclasses.replace(record, kind=kind, preemptible=seen.preemptible)
 
     def _notify(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         for listener in self.listeners:
@@ -327,7 +341,9 @@ def apply_each(kind: str, objects: Sequence[Mapping[str, Any]], apply: Callable[
     return skipped
 
 
-def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
+def pod_record(
+    obj: Mapping[str, Any], settings: ClusterSettings, classes: Mapping[str, PriorityClassInfo] | None = None
+) -> PodRecord:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace", "")
     name = meta.get("name") or meta.get("generateName") or ""
@@ -346,6 +362,10 @@ def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
         gpus, unreadable = UNREADABLE_POD_GPUS, True
     controller = controller_owner(meta)
     phase = (obj.get("status") or {}).get("phase") or "Pending"
+    priority_class = (obj.get("spec") or {}).get("priorityClassName")
+    priority_class = priority_class if isinstance(priority_class, str) else None
+    # The pod as stored, labelled by the webhook: Run:ai classifies it from the same labels.
+    seen = runai_preemptibility(labels, priority_class, classes or {}, settings)
     return PodRecord(
         namespace=ns,
         name=name,
@@ -355,6 +375,8 @@ def pod_record(obj: Mapping[str, Any], settings: ClusterSettings) -> PodRecord:
         gpus=gpus,
         labels=labels if gpus else _NO_LABELS,
         controller=controller if gpus else None,
+        priority_class=priority_class if gpus else None,
+        preemptible=seen.preemptible,
         scheduled=bool((obj.get("spec") or {}).get("nodeName")) or phase == "Running",
         gpus_unreadable=unreadable,
     )

@@ -185,6 +185,9 @@ def install(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Install:
     serving = make_serving_cert(ca, SERVICE, INSTALL_NS)
     # As the install guide says: the namespace, the serving certificate's Secret, then the render.
     cp.kubectl("create", "namespace", INSTALL_NS)
+    # Run:ai is installed first on a Run:ai cluster: with run_ai_enable the render grants read
+    # access in its namespace (optional/runai-admission-reader.yaml).
+    cp.kubectl("create", "namespace", RUNAI_NAMESPACE)
     cp.apply([secret(TLS_SECRET, INSTALL_NS, {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
                                                "ca.crt": ca.cert_pem}, "kubernetes.io/tls")])  # fmt: skip
     cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
@@ -222,7 +225,6 @@ def _start_runai_admission(inst: Install) -> None:
     """Run:ai's own admission webhook (not part of our install): a Service in `runai`, served on its
     ClusterIP, registered in the apiserver the way Run:ai registers its webhooks."""
     cp = inst.cp
-    cp.kubectl("create", "namespace", RUNAI_NAMESPACE)
     meta = {"name": RUNAI_SERVICE, "namespace": RUNAI_NAMESPACE}
     spec = {"ports": [{"port": 443, "targetPort": 8443}], "selector": {"app": RUNAI_SERVICE}}
     cp.apply([{"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}])

@@ -1,0 +1,124 @@
+"""Preemptibility as Run:ai's scheduler will decide it, from what a pod carries: a pure function.
+
+Run:ai (and KAI-Scheduler, its open core) does not know the platform's workload kinds. Its pod
+grouper gives each pod's PodGroup (KAI v0.17.0, `pkg/podgrouper/podgrouper/plugins/defaultgrouper`):
+
+1. preemptibility from the label `kai.scheduler/preemptibility` (`preemptible`/`non-preemptible`;
+   another value is ignored), on the pod's owners first, then on the pod;
+2. else the per-workload-type default Run:ai configures (not visible here);
+3. else from the priority: the PriorityClass named by the label `priorityClassName` (owners, then
+   pod) or else `spec.priorityClassName`, when that class exists; else the workload type's default
+   class, else `train`, else the cluster's globalDefault class, else 50. A value below 100 is
+   preemptible (`pkg/common/podgroup/preemptible.go`).
+
+The webhook writes the label on every pod of a bound project (`runai_labels`), so admission, the
+GPU view, the offer and the cache all ask `runai_preemptibility` of the pod as labelled. Owners'
+labels are kept in line by the workload check (`core.workloads`). Where Run:ai would fall to a
+default this module cannot see, the pod counts as non-preemptible: quota never leaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.settings import (
+    NON_PREEMPTIBLE,
+    NON_PREEMPTIBLE_PRIORITY,
+    PREEMPTIBLE,
+    UNKNOWN_KIND,
+    ClusterSettings,
+)
+from webhook.snapshot import PriorityClassInfo
+
+# The pod (and owner) label KAI's pod grouper reads for the PodGroup's priority class.
+RUNAI_PRIORITY_LABEL = "priorityClassName"
+# Pod annotations with which a pod escapes Run:ai's pod grouper, and so any preemptibility the
+# webhook gives it: it joins a PodGroup someone else wrote (an orphan pod naming one), or none.
+POD_GROUP_ANNOTATION = "pod-group-name"
+SKIP_POD_GROUPER_ANNOTATION = "kai.scheduler/skip-podgrouper"
+# KAI's fallback class, and the priority it uses when no class can be found.
+FALLBACK_CLASS = "train"
+DEFAULT_PRIORITY = 50
+
+
+@dataclass(frozen=True, slots=True)
+class RunaiPreemptibility:
+    preemptible: bool
+    why: str  # what decided it, for refusals and logs
+
+    @property
+    def quota_checked(self) -> bool:
+        """Non-preemptible pods may use only in-quota GPUs: admission holds them to the quota."""
+        return not self.preemptible
+
+
+def runai_preemptibility(
+    labels: Mapping[str, Any],
+    priority_class: Any,
+    classes: Mapping[str, PriorityClassInfo],
+    settings: ClusterSettings,
+) -> RunaiPreemptibility:
+    """How Run:ai will classify a pod with these labels and `spec.priorityClassName`."""
+    label = settings.scheduler.runai.preemptibility_label
+    said = labels.get(label) if label else None
+    if said in (PREEMPTIBLE, NON_PREEMPTIBLE):
+        return RunaiPreemptibility(said == PREEMPTIBLE, f"label {label}={said}")
+    named = labels.get(RUNAI_PRIORITY_LABEL)
+    source = f"label {RUNAI_PRIORITY_LABEL}"
+    if named is None:
+        named, source = priority_class, "spec.priorityClassName"
+    found = classes.get(named) if isinstance(named, str) and named else None
+    if found is None:
+        # Run:ai takes the workload type's default (not visible here) before its fallbacks.
+        return RunaiPreemptibility(False, "no existing priority class: Run:ai's default for the workload type")
+    preemptible = found.value < NON_PREEMPTIBLE_PRIORITY
+    return RunaiPreemptibility(preemptible, f"{source} {found.name} (value {found.value})")
+
+
+def intended(kind: str | None, settings: ClusterSettings) -> str:
+    """`preemptible` or `non-preemptible`: what a pod of this kind tells Run:ai (the settings)."""
+    return settings.scheduler.runai.preemptibility[kind or UNKNOWN_KIND]
+
+
+def runai_labels(kind: str | None, settings: ClusterSettings) -> dict[str, str]:
+    """The labels the webhook writes on a pod of `kind` in a bound project (Run:ai on)."""
+    runai = settings.scheduler.runai
+    labels = {}
+    if runai.preemptibility_label:
+        labels[runai.preemptibility_label] = intended(kind, settings)
+    named = runai.priority_classes.get(kind or UNKNOWN_KIND)
+    if named:
+        labels[RUNAI_PRIORITY_LABEL] = named
+    return labels
+
+
+def admitted_preemptibility(
+    kind: str | None,
+    labels: Mapping[str, Any],
+    priority_class: Any,
+    classes: Mapping[str, PriorityClassInfo],
+    settings: ClusterSettings,
+) -> RunaiPreemptibility:
+    """How Run:ai will classify a pod of `kind` once the webhook has labelled it (Run:ai on); with
+    Run:ai off, the pod as it is (nothing is labelled, nothing checked)."""
+    if settings.run_ai_enable:
+        labels = {**labels, **runai_labels(kind, settings)}
+    return runai_preemptibility(labels, priority_class, classes, settings)
+
+
+def escapes_pod_grouper(meta: Mapping[str, Any]) -> str | None:
+    """Why Run:ai would take this pod's preemptibility from somewhere the webhook does not write
+    (None: it does not)."""
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        return None
+    if str(annotations.get(SKIP_POD_GROUPER_ANNOTATION, "")) == "true":
+        return f"annotation {SKIP_POD_GROUPER_ANNOTATION}: true keeps Run:ai's pod grouper away from it"
+    if POD_GROUP_ANNOTATION in annotations and not meta.get("ownerReferences"):
+        return (
+            f"annotation {POD_GROUP_ANNOTATION} on a pod without owner puts it in a PodGroup written by someone "
+            "else, whose preemptibility Run:ai would use"
+        )
+    return None

@@ -1,0 +1,32 @@
+"""What Run:ai's admission would make of a pod, decided before the platform counts it.
+
+Called by the mutating phase (which runs before Run:ai's webhooks, so ours is the refusal a user
+sees) and again by the validating phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.core.decision import Decision, Reason
+from webhook.core.gpu_sharing import gpu_sharing_error
+from webhook.core.preemptibility import escapes_pod_grouper
+
+
+def runai_pod_refusal(pod: Mapping[str, Any]) -> Decision | None:
+    """A pod Run:ai's admission would refuse (its GPU-sharing grammar), or one that would escape
+    the preemptibility the webhook gives it: refused with the reason, before anything counts it."""
+    reason = gpu_sharing_error(pod)
+    if reason is not None:
+        return Decision.deny(f"GPU request: {reason}", code=400, reason=Reason.INVALID)
+    meta = pod.get("metadata") or {}
+    escape = escapes_pod_grouper(meta) if isinstance(meta, Mapping) else None
+    if escape is not None:
+        return Decision.deny(
+            f"{escape}; in a project bound to Run:ai the platform decides which pods Run:ai may preempt: "
+            "remove the annotation",
+            code=403,
+            reason=Reason.FORBIDDEN,
+        )
+    return None
