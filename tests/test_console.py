@@ -334,3 +334,31 @@ async def test_a_session_made_on_one_replica_is_good_on_the_other(
 def test_every_status_gets_a_warning_that_says_what_to_do(warning: GpuWarning, title: str, action: str) -> None:
     words = advice(warning)
     assert words.title == title and action in words.action and words.detail == warning.message
+
+
+async def test_the_admin_page_warns_while_run_ais_admission_is_down(
+    tmp_path: Path, https_server: StartHttpsServer
+) -> None:
+    # Issue 19: the Deployments' watch (tests/test_runai_admission_health.py) feeds the same store.
+    down = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "admission", "namespace": "runai"},
+        "spec": {"replicas": 0},
+        "status": {"conditions": [{"type": "Available", "status": "False"}]},
+    }
+    async with environment(tmp_path) as env:
+        env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
+        env.kube.allow("group:system:masters")
+        reader = KubeAuthorizer(env.kapi)
+        views = GpuViews(env.state, RunaiSnapshotDirectory(EXAMPLES))  # Run:ai data from the example folder
+        console = Console(views, reader, sign_in=reader.authenticate)
+        srv = await https_server(cache_app(env.state, routes=console_routes(console)))
+        served = Served(env, srv)
+        env.state.replace_all("Deployment", [down])
+        await served.sign_in()
+        async with srv.session.get(served.url("/ui/admin/")) as page:
+            text = await page.text()
+        assert page.status == 200, text
+        assert 'data-status="RUN_AI_ADMISSION_DOWN"' in text and "admission is down" in text
+        assert "runai-admission-controller" in text and "admission has 0 of 0 replicas available" in text

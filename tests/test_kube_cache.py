@@ -21,7 +21,7 @@ INSTALL_NS = "hopsworks"
 # Every kind the caches watch (each one list-then-watch loop, so one open watch each).
 WATCHED = {
     "Namespace", "PriorityClass", "ConfigMap", "LocalQueue", "ClusterQueue", "ResourceFlavor", "Topology",
-    "ReplicaSet", "Pod",
+    "ReplicaSet", "Pod", "Deployment",
 }  # fmt: skip
 FAST = WatchTiming(page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
 
@@ -316,6 +316,7 @@ async def test_one_more_resource_is_one_line(kube: KubeEmulator, api: ApiClient)
         "Namespace",
         "PriorityClass",
         "ConfigMap",
+        "Deployment",  # Run:ai's admission, in namespace runai
     ]
 
 

@@ -69,7 +69,7 @@ DEFAULT_VALUES: dict[str, Any] = {
     # cert-manager issues and renews the serving certificate, and its CA injector fills caBundle.
     "certManager": {"enabled": False, "issuerRef": None, "duration": "2160h", "renewBefore": "720h"},
     # Prometheus: prometheus.io/* annotations on the pods, and/or a ServiceMonitor (Prometheus Operator).
-    "metrics": {"scrapeAnnotations": False, "serviceMonitor": False},
+    "metrics": {"scrapeAnnotations": False, "serviceMonitor": False, "alertRules": False},
     "settings": {},
     "global": {},
     # Optional NetworkPolicy (manifests/optional/networkpolicy.yaml); see that file for why it is off.
@@ -77,6 +77,10 @@ DEFAULT_VALUES: dict[str, Any] = {
 }
 # In a subfolder: `kubectl apply -f manifests/` does not descend into it, so it stays off unless chosen.
 NETWORK_POLICY_FILE = "optional/networkpolicy.yaml"
+# With run_ai_enable: read access to Run:ai's admission Deployments (namespace runai).
+RUNAI_ADMISSION_READER_FILE = "optional/runai-admission-reader.yaml"
+# With metrics.alertRules: the Prometheus Operator's PrometheusRule (certificate expiry, Run:ai's admission).
+ALERT_RULES_FILE = "optional/prometheusrule.yaml"
 
 
 # -- entry points --------------------------------------------------------------------------------
@@ -153,6 +157,18 @@ def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[s
                 objects.extend(cert_manager_objects(namespace, tls_secret, cert_manager))
             if metrics["serviceMonitor"]:
                 objects.append(service_monitor(namespace, tls_secret))
+    if settings_data.get("run_ai_enable", "").strip().lower() == "true":
+        # After our own RBAC, before the Deployment that uses it (the namespace is Run:ai's, not ours).
+        reader = _optional_objects(RUNAI_ADMISSION_READER_FILE, source)
+        for obj in reader:
+            for subject in obj.get("subjects", []):
+                subject["namespace"] = namespace
+        at = next((i for i, o in enumerate(objects) if o["kind"] == "ConfigMap"), len(objects))
+        objects[at:at] = reader
+    if metrics["alertRules"]:
+        for rule in _optional_objects(ALERT_RULES_FILE, source):
+            rule["metadata"]["namespace"] = namespace
+            objects.append(rule)
     policy = _network_policy(merged["networkPolicy"], namespace, source)
     if policy is not None:
         # Before the webhook configurations: the apiserver must be admitted before it is sent reviews.
@@ -161,6 +177,11 @@ def render(values: Mapping[str, Any], source: Path | None = None) -> list[dict[s
         )
         objects.insert(first_webhook, policy)
     return objects
+
+
+def _optional_objects(name: str, source: Path | None) -> list[dict[str, Any]]:
+    path = (source or manifests_dir()) / name
+    return [dict(o) for o in yaml.safe_load_all(path.read_text(encoding="utf-8")) if isinstance(o, dict)]
 
 
 def _network_policy(values: Mapping[str, Any], namespace: str, source: Path | None) -> dict[str, Any] | None:

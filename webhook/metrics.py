@@ -95,6 +95,13 @@ CONNECTIONS_CLOSED = Counter(
     ["listener", "reason"],  # shed (over the cap), header_timeout
     registry=REGISTRY,
 )
+RUNAI_ADMISSION_AVAILABLE = Gauge(
+    "webhook_runai_admission_available",
+    "1 while Run:ai's admission Deployment (namespace runai) is available, 0 while it is down or missing: "
+    "while 0, no pod can be created in a namespace bound to Run:ai.",
+    ["deployment"],
+    registry=REGISTRY,
+)
 CERT_EXPIRY = Gauge(
     "webhook_serving_certificate_expiry_timestamp_seconds",
     "When the serving certificate new connections get expires (Unix time); the webhooks fail closed after it.",

@@ -347,6 +347,41 @@ class FreedPod:
     preemptible: bool = False  # as Run:ai classified it: only non-preemptible GPUs were in its count
 
 
+# Run:ai's own admission webhooks: while either Deployment is down, no pod can be created in a
+# bound namespace (their webhooks fail closed). Watched read-only; see `core.runai_health`.
+RUNAI_NAMESPACE = "runai"
+RUNAI_ADMISSION_DEPLOYMENTS = ("runai-admission-controller", "admission")
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    """What availability needs of a Deployment."""
+
+    name: str
+    replicas: int  # spec.replicas (default 1)
+    available_replicas: int
+    available: bool  # condition Available=True and at least one replica available
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> DeploymentInfo:
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        replicas = spec.get("replicas")
+        replicas = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1
+        ready = status.get("availableReplicas")
+        ready = ready if isinstance(ready, int) and not isinstance(ready, bool) else 0
+        conditions = status.get("conditions") or []
+        condition = any(
+            isinstance(c, Mapping) and c.get("type") == "Available" and c.get("status") == "True" for c in conditions
+        )
+        return cls(
+            name=str((obj.get("metadata") or {}).get("name") or ""),
+            replicas=replicas,
+            available_replicas=ready,
+            available=condition and ready > 0 and replicas > 0,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RunaiProjectInfo:
     """A Run:ai project bound to a namespace, as the last refresh saw it."""
@@ -414,3 +449,6 @@ class ClusterSnapshot:
     gpu_reservations: Mapping[str, Mapping[str, GpuReservation]] = field(default_factory=dict)
     # namespace -> pod uid -> GPU pods seen deleted or finished lately (kept `FREED_RETENTION_S`)
     freed_pods: Mapping[str, Mapping[str, FreedPod]] = field(default_factory=dict)
+    # Run:ai's admission Deployments by name, as the watch of namespace `runai` shows them; None
+    # until that watch has listed (folder mode and tests without it: nothing is known, nothing said).
+    runai_admission: Mapping[str, DeploymentInfo] | None = None

@@ -70,7 +70,17 @@ def _missing(w: GpuWarning) -> tuple[str, str, str]:
     )
 
 
+def _admission_down(w: GpuWarning) -> tuple[str, str, str]:
+    return (
+        "Run:ai's admission is down",
+        f"Run:ai's admission Deployments in namespace runai ({w.actual or ''}) are not available. Their "
+        "webhooks fail closed, so no workload can start in any project linked to Run:ai until they are back.",
+        "Restore the Deployments in namespace runai (see the detail below), or ask the Run:ai administrator to.",
+    )
+
+
 _ADVICE = {
+    "RUN_AI_ADMISSION_DOWN": _admission_down,
     "RUN_AI_DEPARTMENT_DRIFT": _drift,
     "RUN_AI_PROJECT_NOT_BOUND": _not_bound,
     "RUN_AI_BINDING_LEFT": _binding_left,

@@ -25,6 +25,7 @@ from webhook.core.gpu_view import (
     unreachable_warning,
 )
 from webhook.core.runai_data import RunaiData, RunaiDepartment
+from webhook.core.runai_health import runai_admission_warning
 from webhook.snapshot import ClusterSnapshot, LeftProject, NamespaceInfo
 
 
@@ -124,6 +125,8 @@ def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None, left: Sequenc
     warnings: list[GpuWarning] = []
     if enabled and (problem := unreachable_warning(runai)) is not None:
         warnings.append(problem)
+    if (down := runai_admission_warning(snapshot)) is not None:
+        warnings.append(down)
     left_rows = _left_in_runai(left, runai if enabled and runai.reachable and runai.has_data else None)
     if any(row.in_runai is not False for row in left_rows):
         warnings.append(

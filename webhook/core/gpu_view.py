@@ -50,6 +50,7 @@ class GpuCode(StrEnum):
     NOT_KNOWN_YET = "RUN_AI_PROJECT_NOT_KNOWN_YET"  # bound after the last refresh, and no lookup answered
     DEPARTMENT_DRIFT = "RUN_AI_DEPARTMENT_DRIFT"  # the Run:ai project is in another department than expected
     PROJECTS_LEFT = "RUN_AI_PROJECTS_LEFT"  # admin view: namespaces deleted while off left Run:ai projects
+    ADMISSION_DOWN = "RUN_AI_ADMISSION_DOWN"  # admin view: Run:ai's admission Deployments are not available
 
 
 _SEVERITY = (

@@ -78,6 +78,9 @@ class ResourceWatch:
     field_selector: str | None = None
     label_selector: str | None = None
     optional: bool = False  # a 404 (CRD absent) counts as synced and empty, and is retried slowly
+    # Likewise a 403: for reads the install grants only where another product lives (Run:ai's
+    # namespace), which must never keep /readyz, and so every pod webhook, down.
+    forbidden_ok: bool = False
     slim: Callable[[Obj], Obj] | None = None  # drop what the store does not need (memory, at 100k pods)
     timing: WatchTiming = field(default_factory=WatchTiming)
     resource_version: str | None = field(default=None, init=False)  # last seen; None: list next
@@ -255,7 +258,7 @@ class ResourceWatch:
             log_skipped(self.name, etype, obj if isinstance(obj, dict) else {})
 
     async def _error(self, response: aiohttp.ClientResponse) -> Exception:
-        if response.status == 404 and self.optional:
+        if (response.status == 404 and self.optional) or (response.status == 403 and self.forbidden_ok):
             return _Absent()
         return kube_error(response.status, await response.text(errors="replace"), limit=300)
 

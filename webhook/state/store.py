@@ -15,11 +15,14 @@ from typing import Any
 
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
 from webhook.core.preemptibility import runai_preemptibility
-from webhook.metrics import PODS_UNREADABLE_GPUS, SETTINGS_REJECTED, log_skipped
+from webhook.metrics import PODS_UNREADABLE_GPUS, RUNAI_ADMISSION_AVAILABLE, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import (
+    RUNAI_ADMISSION_DEPLOYMENTS,
+    RUNAI_NAMESPACE,
     ClusterQueueInfo,
     ClusterSnapshot,
+    DeploymentInfo,
     FreedPod,
     LocalQueueInfo,
     NamespaceInfo,
@@ -79,6 +82,8 @@ class ClusterState:
         self.freed_pods: dict[str, dict[str, FreedPod]] = {}
         # Uids of cached pods whose GPU request cannot be read (counted as UNREADABLE_POD_GPUS).
         self.unreadable_gpu_pods: set[str] = set()
+        # Run:ai's admission Deployments (namespace runai), once their watch has listed.
+        self.runai_admission: dict[str, DeploymentInfo] = {}
         self._snapshot = ClusterSnapshot(
             settings=settings or ClusterSettings(),
             namespaces=self.namespaces,
@@ -139,6 +144,11 @@ class ClusterState:
                 return
             rs = ReplicaSetInfo.from_object(obj)
             self.replica_sets.setdefault(rs.namespace, {})[rs.name] = rs
+        elif kind == "Deployment":
+            if not self._is_runai_admission(meta):
+                return
+            self._runai_admission()[name] = DeploymentInfo.from_object(obj)
+            self._publish_runai_admission()
         elif kind == "Pod":
             record = pod_record(obj, self._snapshot.settings, self.priority_classes)
             pods = self.pods.setdefault(record.namespace, {})
@@ -169,6 +179,11 @@ class ClusterState:
         elif kind == "ConfigMap":
             if self._is_settings(meta):
                 self._apply_settings({})
+        elif kind == "Deployment":
+            if not self._is_runai_admission(meta):
+                return
+            self._runai_admission().pop(name, None)
+            self._publish_runai_admission()
         elif kind == "LocalQueue":
             if _foreign(obj, KUEUE_GROUP):
                 return
@@ -223,6 +238,9 @@ class ClusterState:
             self.kueue[kind].clear()
         elif kind == "ReplicaSet":
             self.replica_sets.clear()
+        elif kind == "Deployment":
+            self._runai_admission().clear()  # listed: from now on, a missing one is known missing
+            self._publish_runai_admission()
         elif kind == "Pod":
             before = [record for pods in self.pods.values() for record in pods.values()]
             self.pods.clear()
@@ -278,6 +296,20 @@ class ClusterState:
             at=now,
             preemptible=record.preemptible,
         )
+
+    @staticmethod
+    def _is_runai_admission(meta: Mapping[str, Any]) -> bool:
+        return meta.get("namespace") == RUNAI_NAMESPACE and meta.get("name") in RUNAI_ADMISSION_DEPLOYMENTS
+
+    def _runai_admission(self) -> dict[str, DeploymentInfo]:
+        self._snapshot.runai_admission = self.runai_admission  # known from the first list or event on
+        return self.runai_admission
+
+    def _publish_runai_admission(self) -> None:
+        known = self._snapshot.runai_admission or {}
+        for name in RUNAI_ADMISSION_DEPLOYMENTS:
+            found = known.get(name)
+            RUNAI_ADMISSION_AVAILABLE.labels(name).set(1 if found is not None and found.available else 0)
 
     def _is_settings(self, meta: Mapping[str, Any]) -> bool:
         """The settings ConfigMap in the install namespace (a folder's object may omit the namespace)."""

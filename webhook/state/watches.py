@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient, AppsV1Api, CoreV1Api, CustomObj
 from webhook.kube.api import Obj
 from webhook.kube.watch import KubeWatcher, ListFn, ResourceWatch, Sink, WatchTiming
 from webhook.settings import SETTINGS_CONFIGMAP
+from webhook.snapshot import RUNAI_NAMESPACE
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 # Kueue serves v1beta2 (its storage version) since v0.15 and still v1beta1, deprecated; before v0.15
@@ -92,6 +93,21 @@ def slim_pod(pod: Obj) -> Obj:
     return out
 
 
+def slim_deployment(deployment: Obj) -> Obj:
+    """Name, replicas and availability: all the Run:ai admission check reads."""
+    meta = deployment.get("metadata") or {}
+    status = deployment.get("status") or {}
+    out: Obj = {
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "resourceVersion", "uid") if k in meta},
+        "spec": {"replicas": (deployment.get("spec") or {}).get("replicas")},
+        "status": {k: status.get(k) for k in ("availableReplicas", "conditions") if k in status},
+    }
+    for key in ("kind", "apiVersion"):
+        if key in deployment:
+            out[key] = deployment[key]
+    return out
+
+
 def default_watches(
     api: ApiClient,
     namespace: str,
@@ -102,7 +118,7 @@ def default_watches(
 ) -> list[ResourceWatch]:
     """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, Kueue's
     LocalQueues, ClusterQueues, ResourceFlavors and Topologies (optional: absent while Kueue's CRDs
-    are), ReplicaSets (Deployment pods' group) and pods."""
+    are), ReplicaSets (Deployment pods' group), pods, and Run:ai's admission Deployments."""
     timing = timing or WatchTiming()
     core = CoreV1Api(api)
     watches = [
@@ -115,6 +131,18 @@ def default_watches(
             timing=timing,
         ),
     ]
+    # Run:ai's admission Deployments, for their availability (read-only Role in namespace runai;
+    # without it, or without Run:ai, the list is empty and nothing waits on it).
+    watches.append(
+        ResourceWatch(
+            "Deployment",
+            partial(AppsV1Api(api).list_namespaced_deployment, RUNAI_NAMESPACE),
+            optional=True,
+            forbidden_ok=True,
+            slim=slim_deployment,
+            timing=timing,
+        )
+    )
     if kueue:
         custom = CustomObjectsApi(api)
         watches.extend(
