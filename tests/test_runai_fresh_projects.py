@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import namespace, priority_class, runai_admission_objects, settings_configmap
 from tests.support.fixtures import remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
@@ -91,7 +91,7 @@ class Env:
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
     async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
-        for obj in (namespace(INSTALL_NS, project=False), priority_class("normal", 10000)):
+        for obj in (namespace(INSTALL_NS, project=False), priority_class("normal", 10000), *runai_admission_objects()):
             emu.create_object(obj)
         emu.allow("webhook", "*", "*")
         emu.add_user("admin-token", "admin")

@@ -179,3 +179,27 @@ def cluster_state(
 
 def snapshot(**kwargs: Any) -> ClusterSnapshot:
     return cluster_state(**kwargs).snapshot()
+
+
+def runai_admission_objects() -> list[dict[str, Any]]:
+    """Run:ai's namespace and its two admission Deployments, available, as Run:ai's install leaves
+    them: a runtime watching them reports nothing while they are up."""
+    objects: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "runai"}}]
+    for name in ("runai-admission-controller", "admission"):
+        objects.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": "runai"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]},
+                    },
+                },
+                "status": {"availableReplicas": 1, "conditions": [{"type": "Available", "status": "True"}]},
+            }
+        )
+    return objects
