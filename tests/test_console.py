@@ -32,7 +32,7 @@ from webhook.console.signouts import Signouts, signouts_watcher
 from webhook.console.wording import advice
 from webhook.core.gpu_view import GpuWarning
 from webhook.http.auth import AccessCheck, KubeAuthorizer, Principal
-from webhook.http.gpu_api import GpuViews
+from webhook.http.gpu_api import GpuViews, RunaiDirectoryView
 from webhook.http.scheduling_api import project_offer
 from webhook.runai.client import RunaiError
 from webhook.runai.folder_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
@@ -76,11 +76,18 @@ def with_users(env: Env) -> None:
     env.kube.allow("bob", "get", "pods", "p1")
 
 
-def cluster_console(env: Env, sessions: Sessions, signouts: Signouts, reader_ttl_s: float = 30.0) -> web.Application:
-    """The console as the runtime wires it in cluster mode, over the emulator and the stand-in."""
+def cluster_console(
+    env: Env,
+    sessions: Sessions,
+    signouts: Signouts,
+    reader_ttl_s: float = 30.0,
+    directory: RunaiDirectoryView | None = None,
+) -> web.Application:
+    """The console as the runtime wires it in cluster mode, over the emulator and the stand-in
+    (`directory`: where the GPU views read Run:ai from; None: no Run:ai data)."""
     reader = KubeAuthorizer(env.kapi, ttl_s=reader_ttl_s)
     console = Console(
-        GpuViews(env.state, None),
+        GpuViews(env.state, directory),
         reader,
         sign_in=reader.authenticate,
         actor=KubeAuthorizer(env.kapi, admin_check=AccessCheck("update", "namespaces")),
@@ -347,18 +354,21 @@ async def test_the_admin_page_warns_while_run_ais_admission_is_down(
         "spec": {"replicas": 0},
         "status": {"conditions": [{"type": "Available", "status": "False"}]},
     }
+    key_path = tmp_path / "session-keys"
+    key_path.write_text(format_keys([new_key(0)]))
+    keys = KeyFile(key_path)
+    keys.reload_now()
     async with environment(tmp_path) as env:
-        env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
-        env.kube.allow("group:system:masters")
-        reader = KubeAuthorizer(env.kapi)
-        views = GpuViews(env.state, RunaiSnapshotDirectory(EXAMPLES))  # Run:ai data from the example folder
-        console = Console(views, reader, sign_in=reader.authenticate)
-        srv = await https_server(cache_app(env.state, routes=console_routes(console)))
-        served = Served(env, srv)
-        env.state.replace_all("Deployment", [down])
-        await served.sign_in()
-        async with srv.session.get(served.url("/ui/admin/")) as page:
-            text = await page.text()
-        assert page.status == 200, text
-        assert 'data-status="RUN_AI_ADMISSION_DOWN"' in text and "admission is down" in text
-        assert "runai-admission-controller" in text and "admission has 0 of 0 replicas available" in text
+        with_users(env)
+        signouts = Signouts(env.kapi)
+        async with signouts_watcher(signouts, env.api, "hopsworks"):
+            directory = RunaiSnapshotDirectory(EXAMPLES)  # Run:ai data from the example folder
+            srv = await https_server(cluster_console(env, Sessions(keys.ring), signouts, directory=directory))
+            served = Served(env, srv, keys)
+            env.state.replace_all("Deployment", [down])
+            await served.sign_in()
+            async with srv.session.get(served.url("/ui/admin/")) as page:
+                text = await page.text()
+    assert page.status == 200, text
+    assert 'data-status="RUN_AI_ADMISSION_DOWN"' in text and "admission is down" in text
+    assert "runai-admission-controller" in text and "admission has 0 of 0 replicas available" in text
