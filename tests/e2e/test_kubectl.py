@@ -104,6 +104,42 @@ async def test_kubectl_run_stores_the_merged_scheduling(cluster: Cluster) -> Non
     assert required_node_terms(stored) == [] and "priorityClassName" not in stored["spec"]
 
 
+RESTRICTED = {  # what Pod Security's `restricted` level asks of every container
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+async def test_a_restricted_project_admits_the_patched_pods_and_the_scheduler_honours_them(cluster: Cluster) -> None:
+    await offer_scheduling(cluster)
+    project = await cluster.project("secure", **{"pod-security.kubernetes.io/enforce": "restricted"})
+    # The apiserver's PodSecurity plugin is on: a pod that does not meet the level is refused.
+    stderr = await cluster.refused("run", "loose", "-n", project, f"--image={IMAGE}")
+    assert "violates PodSecurity" in stderr and "restricted:latest" in stderr, stderr
+    notebook = pod("nb", project, annotations={"scheduling.hopsworks.ai/affinity": "topology.kubernetes.io/zone=eu-1a"})
+    notebook["spec"]["containers"][0]["securityContext"] = RESTRICTED
+    await cluster.apply(notebook)
+    stored = await cluster.get("pod", "nb", project)
+    # The chosen zone, and the project's default: never a node under maintenance.
+    assert expressions(stored) == [
+        ("maintenance", "NotIn", ("true",)),
+        ("topology.kubernetes.io/zone", "In", ("eu-1a",)),
+    ]
+    # The class's priority and preemption policy, as the real PriorityClass object has them.
+    klass = await cluster.get("priorityclass", stored["spec"]["priorityClassName"])
+    assert stored["spec"]["priority"] == klass["value"]
+    assert stored["spec"]["preemptionPolicy"] == klass.get("preemptionPolicy", "PreemptLowerPriority")
+
+    # The real kube-scheduler placed it where the affinity allows: a kwok node of zone eu-1a.
+    async def node() -> str | None:
+        return (await cluster.get("pod", "nb", project))["spec"].get("nodeName")
+
+    placed = await cluster.eventually(node, "nb scheduled")
+    assert (await cluster.get("node", placed))["metadata"]["labels"]["topology.kubernetes.io/zone"] == "eu-1a"
+
+
 async def test_a_class_outside_the_project_set_is_refused_in_kubectl_stderr(cluster: Cluster) -> None:
     await offer_scheduling(cluster)
     project = await cluster.project("nlp")
