@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.conftest import Cluster, Obj
 from tests.e2e.test_kubectl import IMAGE, MUTATE, turn_runai_on
 from tests.support.runai_webhook import RUNAI_SCHEDULER
+from webhook.core.scheduling import BINDING_SETTLE_S
 
 pytestmark = pytest.mark.slow
 
@@ -105,3 +106,21 @@ async def test_a_dry_run_in_an_unbound_project_binds_nothing(cluster: Cluster) -
         assert await cluster.list("pods", project) == []
     finally:
         local.release_leadership()
+
+
+async def test_a_pod_of_a_bound_project_passes_both_webhooks_at_once(cluster: Cluster) -> None:
+    await turn_runai_on(cluster)
+    local = cluster.needs_local("needs the Run:ai stand-ins")
+    project = await cluster.project("bound")
+
+    async def bound() -> bool:
+        return "runai/queue" in (await cluster.get("namespace", project))["metadata"].get("labels", {})
+
+    await cluster.eventually(bound, f"{project} bound by the leader's pass")
+    await asyncio.sleep(BINDING_SETTLE_S + 1)  # settled in both replicas' caches and the apiserver's
+    await cluster.ok("run", "nb", "-n", project, f"--image={IMAGE}", "--labels=hopsworks.ai/workload-type=notebook")
+    stored = await cluster.get("pod", "nb", project)
+    assert stored["metadata"]["labels"]["runai/queue"] == project
+    assert stored["spec"]["schedulerName"] == RUNAI_SCHEDULER
+    seen = local.runai_admission.pods_seen(project)
+    assert [p["metadata"]["labels"].get("runai/queue") for p in seen] == [project], seen

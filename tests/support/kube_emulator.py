@@ -17,9 +17,10 @@ Deliberate simplifications (say so when a test relies on them):
   (`spec.finalizers` is not emulated);
 - a create keeps the `status` it is given (handy for tests; the apiserver resets pod status), while
   updates of the main resource keep the stored status for kinds with a status subresource;
-- no admission, defaulting or schema validation of its own beyond names; an admission chain
-  (`tests/support/admission_chain.py`) can be attached: `AdmissionChain(...).install(emulator)`
-  then runs the apiserver's admission on every create, update and delete made over HTTP.
+- no admission, defaulting or schema validation of its own beyond names. What the real apiserver
+  does on a write (admission, webhooks, policies, schemas) is tested against the real one
+  (tests/e2e, docs/admission-chain.md); this emulator stays for what a real apiserver cannot be
+  made to do on demand: faults (500s, latency, dropped streams), 410 Gone, slow lists.
 
 The pieces: `kube_emulator_types` (resource types, `Status` errors), `kube_emulator_selectors`
 (label and field selectors), `kube_emulator_store` (objects, resourceVersion, history, watches'
@@ -37,13 +38,11 @@ default bindings beyond discovery (any authenticated user may GET /api, /apis, /
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -109,8 +108,6 @@ __all__ = [
     "TOKEN_REVIEWS",
     "AccessRequest",
     "AccessRule",
-    "Admission",
-    "AdmissionAttributes",
     "ApiError",
     "Denial",
     "KubeEmulator",
@@ -157,31 +154,6 @@ class _Fault:
     delay: float = 0.0  # seconds before answering; with status 0 the request then proceeds normally
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionAttributes:
-    """One write as admission sees it (the apiserver's admission.Attributes)."""
-
-    operation: str  # CREATE, UPDATE, DELETE
-    rt: ResourceType
-    namespace: str
-    name: str
-    obj: Obj | None  # None on DELETE
-    old: Obj | None  # None on CREATE
-    dry_run: bool
-    user: User
-    subresource: str = ""
-
-
-class Admission(Protocol):
-    """Called around a write made over HTTP: `mutate` before the object is prepared for storage
-    (it may return a changed object), `validate` on the prepared object just before it is stored.
-    Both raise ApiError to refuse."""
-
-    async def mutate(self, attrs: AdmissionAttributes) -> Obj | None: ...
-
-    async def validate(self, attrs: AdmissionAttributes) -> None: ...
-
-
 class KubeEmulator(KubeRbac):
     """Start with `async with KubeEmulator() as kube:`; point a client at `kube.client_config()`."""
 
@@ -196,7 +168,6 @@ class KubeEmulator(KubeRbac):
         bookmark_interval: float | None = None,
         gone_in_stream: bool = True,
         rbac: bool = False,
-        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.token = token  # when set, every request needs `Authorization: Bearer <token>` (or a user's)
         # In RBAC mode `token` is a superuser; other users are authorized by the stored RBAC objects.
@@ -214,9 +185,6 @@ class KubeEmulator(KubeRbac):
         self._faults: list[_Fault] = []
         self._runner: web.AppRunner | None = None
         self._port = 0
-        self._ssl = ssl_context  # also serve HTTPS with it: kubectl sends a token only over TLS
-        self._https_port = 0
-        self.admission: Admission | None = None  # runs on writes made over HTTP when set
         # Every cluster has `default`; Events about cluster-scoped objects live there.
         self.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
 
@@ -229,9 +197,6 @@ class KubeEmulator(KubeRbac):
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         self._port = self._runner.addresses[0][1]
-        if self._ssl is not None:  # the same API on a second, HTTPS port
-            await web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl).start()
-            self._https_port = self._runner.addresses[1][1]
 
     async def stop(self) -> None:
         for watch in list(self._watches):
@@ -250,11 +215,6 @@ class KubeEmulator(KubeRbac):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._port}"
-
-    @property
-    def https_url(self) -> str:
-        assert self._ssl is not None, "KubeEmulator(ssl_context=...) serves HTTPS"
-        return f"https://127.0.0.1:{self._https_port}"
 
     def client_config(self, token: str | None = None) -> Configuration:
         config = Configuration(host=self.url)
@@ -471,9 +431,6 @@ class KubeEmulator(KubeRbac):
                     return await self._watch(request, rt, ns, selector)
                 return web.json_response(self._list(rt, ns, selector, q))
             if method == "POST":
-                if self.admission is not None:
-                    created = await self._admitted_create(request, rt, obj_ns, body, dry_run)
-                    return web.json_response(created, status=201)
                 return web.json_response(self._create(rt, obj_ns, body, dry_run), status=201)
             if method == "DELETE":
                 selector = self._selector(rt, q)
@@ -489,61 +446,13 @@ class KubeEmulator(KubeRbac):
         if method == "PUT":
             if sub == "finalize":  # namespaces/{name}/finalize: spec.finalizers only, not emulated
                 return web.json_response(self._bucket(rt).get((obj_ns, name)) or self._missing(rt, name))
-            updated = self._update(rt, obj_ns, name, body, sub, dry_run=self.admission is not None or dry_run)
-            return web.json_response(await self._admitted_update(request, rt, obj_ns, name, updated, sub, dry_run))
+            return web.json_response(self._update(rt, obj_ns, name, body, sub, dry_run=dry_run))
         if method == "PATCH":
-            patched = self._patch(
-                rt, obj_ns, name, request.content_type, body, sub, self.admission is not None or dry_run
-            )
-            return web.json_response(await self._admitted_update(request, rt, obj_ns, name, patched, sub, dry_run))
+            return web.json_response(self._patch(rt, obj_ns, name, request.content_type, body, sub, dry_run))
         if method == "DELETE":
             options = body if isinstance(body, dict) else {}
-            if self.admission is not None:
-                current = self._bucket(rt).get((obj_ns, name))
-                if current is None:
-                    raise _not_found(rt, name)
-                attrs = AdmissionAttributes(
-                    "DELETE", rt, obj_ns, name, None, current, dry_run, self._request_user(request), sub
-                )
-                await self.admission.mutate(attrs)
-                await self.admission.validate(attrs)
             return web.json_response(self._delete(rt, obj_ns, name, options, dry_run))
         raise ApiError(405, f"{method} is not supported")
-
-    def _request_user(self, request: web.Request) -> User:
-        auth = request.headers.get("Authorization", "")
-        return self.users.get(auth[7:] if auth.startswith("Bearer ") else "", ADMIN)
-
-    async def _admitted_create(self, request: web.Request, rt: ResourceType, ns: str, body: Any, dry_run: bool) -> Obj:
-        """The apiserver's order: mutating admission on the object as sent (no name from
-        generateName, no uid yet), then naming and defaults, then validating admission, then storage."""
-        assert self.admission is not None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body of the request was in an unknown format")
-        user = self._request_user(request)
-        name = str((body.get("metadata") or {}).get("name") or "")
-        attrs = AdmissionAttributes("CREATE", rt, ns, name, copy.deepcopy(body), None, dry_run, user)
-        mutated = await self.admission.mutate(attrs)
-        prepared = self._create(rt, ns, mutated if mutated is not None else body, dry_run=True)
-        final = AdmissionAttributes("CREATE", rt, ns, prepared["metadata"]["name"], prepared, None, dry_run, user)
-        await self.admission.validate(final)
-        return prepared if dry_run else self._store_created(rt, ns, prepared)
-
-    async def _admitted_update(
-        self, request: web.Request, rt: ResourceType, ns: str, name: str, new: Obj, sub: str, dry_run: bool
-    ) -> Obj:
-        """`new` is the update as prepared (not stored) when admission is on; else already stored."""
-        current = self._bucket(rt).get((ns, name))
-        if self.admission is None or current is None or new is current:
-            return new  # no admission, or a no-op write (stored as it was)
-        user = self._request_user(request)
-        attrs = AdmissionAttributes("UPDATE", rt, ns, name, copy.deepcopy(new), current, dry_run, user, sub)
-        mutated = await self.admission.mutate(attrs)
-        candidate = mutated if mutated is not None else new
-        final = AdmissionAttributes("UPDATE", rt, ns, name, candidate, current, dry_run, user, sub)
-        await self.admission.validate(final)
-        # Written with the resourceVersion it was prepared from: a change made meanwhile is a 409.
-        return self._update(rt, ns, name, candidate, sub, dry_run)
 
     async def _watch(
         self, request: web.Request, rt: ResourceType, ns: str | None, selector: Selector

@@ -91,21 +91,6 @@ ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "rolebindings", "RoleBinding", Tr
 CLUSTER_ROLE_BINDINGS = ResourceType(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 RBAC_RESOURCES = (ROLES, CLUSTER_ROLES, ROLE_BINDINGS, CLUSTER_ROLE_BINDINGS)
 
-# The rest of what the rendered install contains, for `kubectl apply` of it (stored, not acted on).
-SERVICE_ACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",))
-SERVICES = ResourceType("", "v1", "services", "Service", True, status_subresource=True, short_names=("svc",))
-POD_DISRUPTION_BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
-                                      status_subresource=True, generation=True, short_names=("pdb",))  # fmt: skip
-ADMISSION_GROUP = "admissionregistration.k8s.io"
-VALIDATING_ADMISSION_POLICIES = ResourceType(ADMISSION_GROUP, "v1", "validatingadmissionpolicies",
-                                             "ValidatingAdmissionPolicy", False, status_subresource=True,
-                                             generation=True)  # fmt: skip
-VALIDATING_ADMISSION_POLICY_BINDINGS = ResourceType(ADMISSION_GROUP, "v1", "validatingadmissionpolicybindings",
-                                                    "ValidatingAdmissionPolicyBinding", False,
-                                                    generation=True)  # fmt: skip
-INSTALL_RESOURCES = (SERVICE_ACCOUNTS, SERVICES, POD_DISRUPTION_BUDGETS, VALIDATING_ADMISSION_POLICIES,
-                     VALIDATING_ADMISSION_POLICY_BINDINGS)  # fmt: skip
-
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     NAMESPACES, PODS, CONFIGMAPS, SECRETS, EVENTS, LEASES, PRIORITY_CLASSES, DEPLOYMENTS, REPLICA_SETS,
     STATEFUL_SETS, JOBS, *KUEUE_RESOURCES, TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS,
