@@ -41,42 +41,53 @@ build_module() {
   fi
   [ -f "$dir/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
   local names=() pkgs=()
-  while read -r name pkg _; do
-    [[ -z ${name:-} || $name == \#* ]] && continue
-    names+=("$name"); pkgs+=("$pkg")
-  done < "$dir/binaries"
+  if [ -f "$dir/binaries" ]; then
+    while read -r name pkg _; do
+      [[ -z ${name:-} || $name == \#* ]] && continue
+      names+=("$name"); pkgs+=("$pkg")
+    done < "$dir/binaries"
+  fi
   local ldflags=""
   [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/binaries"; cat "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$dir/go.mod" "$dir/go.sum"; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
   for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
+  if [ -f "$dir/files" ]; then
+    while read -r mod _ dest _; do
+      [[ -z ${mod:-} || $mod == \#* ]] || [ -d "$PEERS_DIR/share/$dest" ] || missing=1
+    done < "$dir/files"
+  fi
   if [ $missing -eq 0 ] && [ "$(cat "$PEERS_DIR/stamps/$module" 2>/dev/null)" = "$stamp" ]; then
-    say "$module: up to date (${names[*]})"
+    say "$module: up to date (${names[*]:-files only})"
     return
   fi
-  say "$module: downloading modules (GOPROXY=$(go env GOPROXY))"
+  say "$module: resolving modules (GOPROXY=$(go env GOPROXY))"
   local err
-  if ! err=$(cd "$dir" && go mod download 2>&1); then
+  # The module graph (go.mod files only): the first thing that fails when the proxy is unreachable.
+  if ! err=$(cd "$dir" && go list -m all 2>&1 >/dev/null); then
     die "$module: cannot download its Go modules from GOPROXY=$(go env GOPROXY): $(printf '%s' "$err" | grep -m1 -v '^go: downloading')"
   fi
-  local out="$PEERS_DIR/bin/.build-$module" start=$SECONDS
-  rm -rf "$out"; mkdir -p "$out"
-  say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
-  # -v names each package as it is compiled: counted here into a progress line.
-  set +e
-  ( cd "$dir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
-    awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
-  local rc=${PIPESTATUS[0]}
-  set -e
-  [ "$rc" -eq 0 ] || die "$module: go build failed (exit $rc); its output is above"
-  for i in "${!names[@]}"; do
-    mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
-  done
-  rm -rf "$out"
+  local start=$SECONDS
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    local out="$PEERS_DIR/bin/.build-$module"
+    rm -rf "$out"; mkdir -p "$out"
+    say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
+    # -v names each package as it is compiled: counted here into a progress line.
+    set +e
+    ( cd "$dir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
+      awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
+    local rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" -eq 0 ] || die "$module: go build failed (exit $rc); its output is above"
+    for i in "${!names[@]}"; do
+      mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
+    done
+    rm -rf "$out"
+  fi
   copy_files "$module" "$dir"
   printf '%s\n' "$stamp" > "$PEERS_DIR/stamps/$module"
-  say "$module: built in $((SECONDS - start)) s into $PEERS_DIR/bin"
+  say "$module: done in $((SECONDS - start)) s (into $PEERS_DIR)"
 }
 
 copy_files() {
@@ -85,7 +96,7 @@ copy_files() {
   while read -r mod path dest _; do
     [[ -z ${mod:-} || $mod == \#* ]] && continue
     local src
-    src=$(cd "$dir" && go list -m -f '{{.Dir}}' "$mod")
+    src=$(cd "$dir" && go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
     [ -e "$src/$path" ] || die "$module: $mod has no $path"
     rm -rf "$PEERS_DIR/share/$dest"; mkdir -p "$PEERS_DIR/share/$dest"
     cp -R "$src/$path/." "$PEERS_DIR/share/$dest/"

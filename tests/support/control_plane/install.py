@@ -56,8 +56,10 @@ def render(values: Obj, dir: Path) -> str:
     values_file = dir / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     cli = Path(sys.executable).parent / "scheduling-webhook"
-    return subprocess.run([str(cli), "manifests", "--values", str(values_file)], check=True, capture_output=True,
-                          text=True).stdout  # fmt: skip
+    done = subprocess.run([str(cli), "manifests", "--values", str(values_file)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"render failed for {values}: {done.stderr}")
+    return done.stdout
 
 
 def secret(name: str, namespace: str, data: dict[str, bytes], type: str = "Opaque") -> Obj:
