@@ -31,7 +31,7 @@ IMAGE = "registry.example/notebook:1.0"
 
 async def offer_scheduling(cluster: Cluster) -> None:
     """The cluster offers classes and node labels; every project gets a subset (tests/support/cluster.py).
-    The classes low, normal and high are the control plane's (tests/e2e/conftest.py)."""
+    The classes batch, normal and urgent are the control plane's (tests/e2e/conftest.py)."""
     await cluster.settings(scheduler=yaml.safe_dump(SCHEDULER))
 
 
