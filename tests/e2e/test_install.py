@@ -39,7 +39,12 @@ async def install_addon_crds(cluster: Cluster) -> None:
         text = "\n---\n".join(f.read_text() for f in files)
         await cluster.ok("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=text)
     for crd in ("certificates.cert-manager.io", "issuers.cert-manager.io", "servicemonitors.monitoring.coreos.com"):
-        await cluster.ok("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        # Not `kubectl wait`: it fails on a CRD whose status has no conditions yet.
+        async def established(crd: str = crd) -> bool:
+            conditions = (await cluster.get("crd", crd)).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        await cluster.eventually(established, f"{crd} established")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
