@@ -58,4 +58,7 @@ def test_a_second_run_builds_nothing() -> None:
     result = run(env)
     assert result.returncode == 0, result.stderr
     lines = peer_lines(result.stderr)
-    assert lines and all(": up to date (" in line for line in lines), result.stderr
+    # (a module that cannot be pinned here is left out, and says so: hack/peers/kai/README.md)
+    settled = (": up to date (", ": not pinned yet, left out")
+    assert lines and all(any(s in line for s in settled) for line in lines), result.stderr
+    assert any(line.startswith("peers: kube: up to date (") for line in lines), result.stderr
