@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.control_plane.background import BackgroundLoop
 from tests.support.control_plane.cluster import ControlPlane
@@ -125,17 +126,17 @@ class Install:
         if len([c for c in self.runner.running() if c.ready]) != 2 or len(self.runner.containers) != 2:
             self.scale(2)
 
-    def metric(self, name: str) -> list[float]:
-        """One sample of `name` (no labels) from each serving replica's /metrics, on its probe port."""
+    def metric(self, name: str, **labels: str) -> list[float]:
+        """The sample of `name` with these labels from each serving replica's /metrics (its probe port)."""
         values = []
         for c in self.runner.running():
             url = f"https://{self.service_ip}:{c.probe_port}/metrics"
             ctx = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
             ctx.check_hostname = False  # the certificate names the Service, not its address
             with urllib.request.urlopen(url, context=ctx, timeout=5) as resp:
-                for line in resp.read().decode().splitlines():
-                    if line.startswith(name + " "):
-                        values.append(float(line.split()[1]))
+                text = resp.read().decode()
+            for family in text_string_to_metric_families(text):
+                values += [s.value for s in family.samples if s.name == name and s.labels == labels]
         return values
 
     def apply_webhook_configurations(self, mutation: Callable[[list[Obj]], None] | None) -> None:
@@ -196,6 +197,12 @@ def install(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Install:
     values = {"caFile": str(dir / "ca.crt"), **(values or {})}
     rendered = render(values, dir)
     applied = [cp.kubectl("apply", "--server-side", "-f", "-", input=rendered).stdout]
+    # Tests turn Run:ai on by editing the settings as an installer; what an install with Run:ai on
+    # adds (read access to Run:ai's Deployments in its namespace) is applied from such a render.
+    runai_on = render({**values, "settings": {"run_ai_enable": True, "run_ai_client_id": "hopsworks"}}, dir / "runai")
+    in_runai = [o for o in yaml.safe_load_all(runai_on) if o and o["metadata"].get("namespace") == RUNAI_NAMESPACE]
+    if in_runai:
+        cp.apply(in_runai, "--server-side")
     service_ip = cp.service_ip(INSTALL_NS, SERVICE)
     runner = PodRunner(
         rest, INSTALL_NS, APP_SELECTOR,
