@@ -40,6 +40,9 @@ KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 KUEUE_POD_GROUP_SERVING_ANNOTATION = "kueue.x-k8s.io/pod-group-serving"
 KUEUE_POD_GROUP_FAST_ADMISSION_ANNOTATION = "kueue.x-k8s.io/pod-group-fast-admission"
+# Written by `core.owners` into the pod template of a Deployment that chose a topology unit: its
+# replica count, so that a new count is a new template, a new ReplicaSet and a new pod group.
+GROUP_REPLICAS_ANNOTATION = "scheduling.hopsworks.ai/group-replicas"
 # What Kueue's pod webhook sets on a pod it manages: the label and the scheduling gate it lifts on
 # admission (constants.ManagedByKueueLabelKey, podconstants.SchedulingGateName).
 KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"

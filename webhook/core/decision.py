@@ -23,6 +23,7 @@ class Reason(StrEnum):
     RUNAI_QUEUE_MISSING = "RunaiQueueMissing"
     RUNAI_UNREACHABLE = "RunaiUnreachable"  # binding needed Run:ai, and it did not answer
     PROJECT_MOVING = "ProjectMoving"  # a department move is under way
+    OWNER_NOT_CACHED = "OwnerNotCached"  # the pod's ReplicaSet is not in the cache yet: create it again
     GPU_QUOTA_EXCEEDED = "GpuQuotaExceeded"
     GPU_QUOTA_UNPROVEN = "GpuQuotaUnproven"  # the GPU reservation could not be shown to fit
 

@@ -48,6 +48,19 @@ class PodPatch:
         """A raw operation for paths whose parents the caller has checked."""
         self._ops.append({"op": "add", "path": path, "value": value})
 
+    def replay_onto(self, other: PodPatch, skip_spec: frozenset[str] = frozenset()) -> None:
+        """Make this patch's changes in `other`, a patch of an object with the same spec (a pod
+        template seen as its pod, `core.owners`); labels and annotations are weighed against the
+        metadata `other` patches. Spec fields in `skip_spec` are left out."""
+        for key, value in self._labels.items():
+            other.set_label(key, value)
+        for key, value in self._annotations.items():
+            other.set_annotation(key, value)
+        for key, value in self._spec.items():
+            if key not in skip_spec:
+                other.set_spec(key, value)
+        other._ops.extend(self._ops)
+
     def operations(self) -> list[dict[str, Any]]:
         ops: list[dict[str, Any]] = []
         if self._meta is None and (self._labels or self._annotations):

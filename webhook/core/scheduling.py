@@ -17,12 +17,16 @@ from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import classify_workload, controller_owner
 from webhook.core.offer import SchedulingOffer, scheduling_offer
 from webhook.core.patch import PodPatch
+from webhook.core.pod_groups import deployment_pod_group
 from webhook.core.preemptibility import RUNAI_PRIORITY_LABEL, runai_labels
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
+    KUEUE_POD_GROUP_COUNT_ANNOTATION,
+    KUEUE_POD_GROUP_LABEL,
+    KUEUE_POD_GROUP_SERVING_ANNOTATION,
     KUEUE_QUEUE_LABEL,
     KUEUE_TOPOLOGY_ANNOTATION,
     MIRROR_POD_ANNOTATION,
@@ -135,6 +139,9 @@ class _Mutation:
     warnings: list[str]
     audit: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # What a refusal answers: a policy refusal, unless a rule says the pod may be created again.
+    code: int = 403
+    reason: Reason = Reason.FORBIDDEN
 
 
 def mutate_pod(
@@ -144,11 +151,19 @@ def mutate_pod(
     target = pod_target(request, snapshot)
     if target is None:
         return Decision.allow()
+    return mutate_target(target, snapshot, now, settle_s)[0]
+
+
+def mutate_target(
+    target: PodTarget, snapshot: ClusterSnapshot, now: float | None = None, settle_s: float = BINDING_SETTLE_S
+) -> tuple[Decision, PodPatch | None]:
+    """The rules over one pod, or a pod template seen as the pod it will become (`core.owners`):
+    the decision, and the patch it was built from (None when refused before any rule ran)."""
     settings = snapshot.settings
     if settings.run_ai_enable:
         held = runai_binding_refusal(target.namespace, now, settle_s) or runai_pod_refusal(target.pod)
         if held is not None:
-            return held
+            return held, None
     # The offer is what the scheduling API shows: a choice outside it is refused, its defaults apply.
     offer = scheduling_offer(target.namespace, snapshot)
     m = _Mutation(target=target, offer=offer, snapshot=snapshot, patch=PodPatch(target.pod), warnings=list(offer.notes))
@@ -165,8 +180,8 @@ def mutate_pod(
         _kueue_off(m)
 
     if m.errors:
-        return Decision.deny("; ".join(m.errors), code=403, reason=Reason.FORBIDDEN, warnings=m.warnings)
-    return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations())
+        return Decision.deny("; ".join(m.errors), code=m.code, reason=m.reason, warnings=m.warnings), m.patch
+    return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations()), m.patch
 
 
 # -- S1/S2: node labels ------------------------------------------------------------------------
@@ -387,6 +402,30 @@ def _kueue(m: _Mutation) -> None:
     if resolved.node_label is not None and resolved.topology.value is not None:
         m.patch.set_annotation(KUEUE_TOPOLOGY_ANNOTATION, resolved.node_label)
         m.audit["topology"] = resolved.topology.value
+        _pod_group(m, resolved.topology.value)
+
+
+def _pod_group(m: _Mutation, unit: str) -> None:
+    """A Deployment's pods that chose a unit go to Kueue as one group (`core.pod_groups`); a group
+    the workload names itself is left as it is."""
+    if KUEUE_POD_GROUP_LABEL in m.target.labels:
+        return
+    meta = _map(m.target.pod.get("metadata"))
+    answer = deployment_pod_group(meta, m.snapshot.replica_sets, m.target.namespace.name)
+    if answer.missing is not None:
+        m.errors.append(
+            f"ReplicaSet {answer.missing} of this pod is not in this server's cache yet, so the size of its Kueue "
+            f"pod group (topology {unit}) is not known; the ReplicaSet controller creates the pod again"
+        )
+        m.code, m.reason = 503, Reason.OWNER_NOT_CACHED
+        return
+    if answer.group is None:
+        return
+    m.patch.set_label(KUEUE_POD_GROUP_LABEL, answer.group.name)
+    m.patch.set_annotation(KUEUE_POD_GROUP_COUNT_ANNOTATION, str(answer.group.total))
+    # Serving: Kueue keeps the group admitted while its pods are replaced, as a Deployment does.
+    m.patch.set_annotation(KUEUE_POD_GROUP_SERVING_ANNOTATION, "true")
+    m.audit["pod-group"] = f"{answer.group.name}/{answer.group.total}"
 
 
 def _kueue_off(m: _Mutation) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
+from webhook.core.owners import mutate_owner
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
 from webhook.core.workloads import validate_workload
@@ -44,6 +45,7 @@ def admission_handlers(
     if cluster is None:
         return {
             "/mutate/pods": mutate_handler(state),
+            "/mutate/workloads": owners_handler(state),
             "/validate/pods": cached_pods_handler(state),
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
@@ -51,6 +53,7 @@ def admission_handlers(
     return {
         # Binding on a first start happens in the mutating phase, so Run:ai's webhooks see the pod.
         "/mutate/pods": mutate_pods_handler(state, cluster.bind),
+        "/mutate/workloads": owners_handler(state),
         "/validate/pods": validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup),
         "/validate/workloads": cached_workloads_handler(state),
         "/validate/settings": settings_handler(state, guard, cluster.runai_departments),
@@ -60,6 +63,15 @@ def admission_handlers(
 def mutate_handler(state: ClusterState) -> AdmissionHandler:
     async def handle(request: Mapping[str, Any]) -> Decision:
         return mutate_pod(request, state.snapshot())
+
+    return handle
+
+
+def owners_handler(state: ClusterState) -> AdmissionHandler:
+    """With Kueue on, the queue and topology on the owners Kueue reads them from (`core.owners`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return mutate_owner(request, state.snapshot())
 
     return handle
 
