@@ -16,6 +16,7 @@ import pytest
 from tests.support.cluster import cluster_queue, local_queue, namespace, resource_flavor, snapshot, topology
 from tests.support.reviews import apply_patch, assert_decision, owned_by
 from webhook.core.owners import mutate_owner
+from webhook.core.workloads import validate_workload
 
 QUEUE = "kueue.x-k8s.io/queue-name"
 REQUIRED = "kueue.x-k8s.io/podset-required-topology"
@@ -172,7 +173,7 @@ CASES = [
 ]  # fmt: skip
 
 
-def kueue_snapshot(**settings: Any) -> Any:
+def kueue_snapshot(extra: tuple[dict[str, Any], ...] = (), **settings: Any) -> Any:
     return snapshot(
         namespaces=[namespace("churn"), namespace("plain", project=False)],
         extra=[
@@ -185,6 +186,7 @@ def kueue_snapshot(**settings: Any) -> Any:
             local_queue("churn", "default"),
             local_queue("churn", "gpu"),
             local_queue("churn", "zonal", "zonal-cq"),
+            *extra,
         ],
         **settings,
     )
@@ -222,3 +224,46 @@ def test_a_template_without_metadata_gets_it_whole() -> None:
     decision = mutate_owner(review(obj), kueue_snapshot(kueue_installed=True))
     patched = apply_patch(obj, list(decision.patch))
     assert patched["spec"]["template"]["metadata"]["labels"] == {QUEUE: "default"}
+
+
+def scale_review(name: str, old: int, new: int, namespace: str = "churn") -> dict[str, Any]:
+    def scale(replicas: int) -> dict[str, Any]:
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas}}  # fmt: skip
+
+    return {
+        "uid": "scale-1", "kind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"}, "subResource": "scale",
+        "namespace": namespace, "name": name, "operation": "UPDATE", "object": scale(new), "oldObject": scale(old),
+    }  # fmt: skip
+
+
+def grouped_replica_set(name: str, deployment: str, group: int | None) -> dict[str, Any]:
+    template: dict[str, Any] = {"metadata": {"annotations": {GROUP_REPLICAS: str(group)}}} if group else {}
+    return {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": "churn", "uid": f"uid-{name}",
+                     "ownerReferences": owned_by("Deployment", "apps/v1", deployment),
+                     "annotations": {"deployment.kubernetes.io/desired-replicas": str(group or 1)}},
+        "spec": {"replicas": group or 1, "template": template},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "refused"),
+    [
+        ("model", 3, 4, True),  # a group of 3 would get pods of a group of 4 that never fills
+        ("model", 3, 2, True),  # a replacement pod would be a group of 2 alone
+        ("model", 3, 0, False),  # stopping it is fine
+        ("model", 0, 3, False),  # and back to the group's size
+        ("plain", 1, 5, False),  # no group: its pods are admitted one by one
+    ],
+)
+def test_a_grouped_deployment_is_scaled_by_its_spec(name: str, old: int, new: int, refused: bool) -> None:
+    sets = (grouped_replica_set("model-5d8f", "model", 3), grouped_replica_set("plain-77aa", "plain", None))
+    snap = kueue_snapshot(sets, kueue_installed=True)
+    decision = validate_workload(scale_review(name, old, new), snap)
+    assert decision.allowed is not refused, decision.message
+    if refused:
+        for part in ("Kueue pod group of 3", f"a group of {new} that never fills", "change spec.replicas"):
+            assert part in decision.message

@@ -292,6 +292,8 @@ class ReplicaSetInfo:
     uid: str
     replicas: int  # what the Deployment wants (its desired-replicas annotation), else spec.replicas
     deployment: str | None = None  # the controlling Deployment's name
+    # Its template's GROUP_REPLICAS_ANNOTATION: its pods are one Kueue pod group of that size.
+    group_replicas: int | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ReplicaSetInfo:
@@ -304,12 +306,15 @@ class ReplicaSetInfo:
         replicas = _section(obj, "spec").get("replicas", 1)
         if deployment is not None and isinstance(desired, str) and desired.isdigit() and len(desired) <= 9:
             replicas = int(desired)
+        template = _section(_section(obj, "spec"), "template")
+        group = _section(_section(template, "metadata"), "annotations").get(GROUP_REPLICAS_ANNOTATION)
         return cls(
             namespace=str(meta.get("namespace") or ""),
             name=str(meta.get("name") or ""),
             uid=str(meta.get("uid") or ""),
             replicas=_count_of(replicas),
             deployment=deployment,
+            group_replicas=int(group) if isinstance(group, str) and group.isdigit() and len(group) <= 9 else None,
         )
 
 

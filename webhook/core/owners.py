@@ -189,3 +189,37 @@ def _rollout_refusal(target: OwnerRequest, unit: str) -> str | None:
 
 def _under(prefix: str, op: Mapping[str, Any]) -> dict[str, Any]:
     return {**op, "path": prefix + str(op["path"])}
+
+
+def scale_refusal(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decision | None:
+    """With Kueue on, a Deployment whose pods are one pod group cannot change its replicas through
+    the scale subresource (`kubectl scale`, an autoscaler): the template, and so the ReplicaSet and
+    the group, stay the same, and the new pods would wait for a group of the new size that never
+    fills. Scaling to 0, or back to the group's size, is fine. None: not this rule's to refuse."""
+    settings = snapshot.settings
+    if settings.run_ai_enable or not settings.kueue_installed:
+        return None
+    resource = _map(request.get("resource"))
+    if request.get("subResource") != "scale" or resource.get("resource") != "deployments":
+        return None
+    if request.get("operation") != "UPDATE":
+        return None
+    namespace = snapshot.namespaces.get(request_namespace(request))
+    if namespace is None or not namespace.is_project:
+        return None
+    name = str(request.get("name") or "")
+    new = _replicas(_map(request.get("object")))
+    sizes = {
+        rs.group_replicas
+        for rs in snapshot.replica_sets.get(namespace.name, {}).values()
+        if rs.deployment == name and rs.group_replicas is not None and rs.group_replicas > 1
+    }
+    if not sizes or new == 0 or new in sizes:
+        return None
+    size = max(sizes)
+    return Decision.deny(
+        f"Deployment {name}: its pods are one Kueue pod group of {size} (it chose a topology unit), and a scale "
+        f"through the scale subresource would leave new pods waiting for a group of {new} that never fills: change "
+        f"spec.replicas in the Deployment itself (kubectl apply, or kubectl patch deployment {name}), which "
+        "recreates its pods as one group of the new size"
+    )

@@ -13,7 +13,7 @@ from kubernetes_asyncio.client import ApiClient, AppsV1Api, CoreV1Api, CustomObj
 from webhook.kube.api import Obj
 from webhook.kube.watch import KubeWatcher, ListFn, ResourceWatch, Sink, WatchTiming
 from webhook.settings import SETTINGS_CONFIGMAP
-from webhook.snapshot import RUNAI_NAMESPACE
+from webhook.snapshot import GROUP_REPLICAS_ANNOTATION, RUNAI_NAMESPACE
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 # Kueue serves v1beta2 (its storage version) since v0.15 and still v1beta1, deprecated; before v0.15
@@ -49,13 +49,20 @@ _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def slim_replica_set(rs: Obj) -> Obj:
-    """A ReplicaSet's identity, owner, desired-replicas annotation and replicas: not its template."""
+    """A ReplicaSet's identity, owner, desired-replicas annotation and replicas; of its template
+    only the pod-group annotation."""
     meta = rs.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences") if k in meta}
     if isinstance(annotations, Mapping):
         slim_meta["annotations"] = {k: v for k, v in annotations.items() if k.startswith("deployment.kubernetes.io/")}
-    out: Obj = {"metadata": slim_meta, "spec": {"replicas": (rs.get("spec") or {}).get("replicas")}}
+    spec = rs.get("spec") or {}
+    out: Obj = {"metadata": slim_meta, "spec": {"replicas": spec.get("replicas")}}
+    template_annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    if isinstance(template_annotations, Mapping) and GROUP_REPLICAS_ANNOTATION in template_annotations:
+        # The one template field kept: whose pods are one Kueue pod group (`core.pod_groups`).
+        group = {GROUP_REPLICAS_ANNOTATION: template_annotations[GROUP_REPLICAS_ANNOTATION]}
+        out["spec"]["template"] = {"metadata": {"annotations": group}}
     for key in ("kind", "apiVersion"):
         if key in rs:
             out[key] = rs[key]
