@@ -449,3 +449,17 @@ async def test_status_subresource_is_separate(kube: KubeEmulator, api: ApiClient
 )  # fmt: skip
 def test_strategic_merge_patch(current: dict[str, Any], patch: dict[str, Any], expected: dict[str, Any]) -> None:
     assert strategic_merge_patch(current, patch) == expected
+
+
+async def test_held_watch_events_arrive_in_order_once_released(kube: KubeEmulator, api: ApiClient) -> None:
+    kube.hold_watch_events("Namespace")
+    events = asyncio.create_task(read_events(kube, "/api/v1/namespaces", resourceVersion="1", timeoutSeconds="2"))
+    await make_namespace(api, "held-1")
+    await make_namespace(api, "held-2")
+    await asyncio.sleep(0.3)
+    # The object is there for a read; only the watch lags.
+    assert (await client.CoreV1Api(api).read_namespace("held-1")).metadata.name == "held-1"
+    assert not events.done()
+    kube.release_watch_events("Namespace")
+    names = [e["object"]["metadata"]["name"] for e in await events if e["type"] == "ADDED"]
+    assert names[-2:] == ["held-1", "held-2"]

@@ -12,7 +12,7 @@ import pytest
 from tests.support.cluster import cluster_state, kueue_setup, local_queue, namespace, priority_class, snapshot
 from tests.support.reviews import apply_patch, assert_decision, assert_valid_pod, owned_by, pod_review, review
 from webhook.core.decision import Reason
-from webhook.core.scheduling import mutate_pod
+from webhook.core.scheduling import mutate_pod, unseen_namespace
 
 ZONE = "topology.kubernetes.io/zone=eu-1a"
 A100 = "nvidia.com/gpu.product=A100"
@@ -499,3 +499,28 @@ def test_s5_pods_wait_for_a_fresh_binding_to_settle(now: float | None, seen_at: 
     if not allowed:
         assert decision.reason == Reason.RUNAI_BINDING_SETTLING and decision.code == 503
         assert "moments ago" in decision.message and "again" in decision.message
+
+
+# -- a namespace this replica has not seen yet (issue 21, item 5) -------------------------------
+
+
+def _request(namespace: str, **changes: Any) -> dict[str, Any]:
+    return {**pod_review(namespace)["request"], **changes}
+
+
+UNSEEN_CASES = [
+    # (request, what unseen_namespace answers)
+    (_request("brand-new"), "brand-new"),  # a pod CREATE in a namespace missing from the cache
+    (_request("churn"), None),  # known: decided as usual
+    (pod_review("brand-new", operation="UPDATE")["request"], None),  # only CREATE is ever mutated
+    (_request("brand-new", subResource="status"), None),
+    (_request("brand-new", kind={"group": "", "version": "v1", "kind": "Service"}), None),
+    (_request("", object={"metadata": {}}), None),  # no namespace to read
+]
+
+
+@pytest.mark.parametrize(("request_", "expected"), UNSEEN_CASES)
+def test_unseen_namespace_names_only_a_pod_creates_namespace_missing_from_the_cache(
+    request_: dict[str, Any], expected: str | None
+) -> None:
+    assert unseen_namespace(request_, snapshot(namespaces=NAMESPACES)) == expected

@@ -270,6 +270,7 @@ class Runtime:
         from webhook.kube.api import KubeApi
         from webhook.quota import GpuReservations
         from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
+        from webhook.state.namespace_reader import NamespaceReader
 
         options = self.options
         kube = KubeApi(api_client, options.namespace)
@@ -297,6 +298,7 @@ class Runtime:
             bind=runai.bind_for_admission,
             lookup=runai.lookup_project,
             runai_departments=runai.directory.department_names,
+            read_namespace=NamespaceReader(self.state, kube).read,
         )
         gpu_auth = KubeAuthorizer(kube)
         admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))

@@ -183,6 +183,8 @@ class KubeEmulator(KubeRbac):
         self.list_latency: dict[str, float] = {}
         self.requests: list[RecordedRequest] = []
         self._faults: list[_Fault] = []
+        # Kinds whose watch events are held back (kept, in order) until released: a watch that lags.
+        self._held: dict[str, asyncio.Event] = {}
         self._runner: web.AppRunner | None = None
         self._port = 0
         # Every cluster has `default`; Events about cluster-scoped objects live there.
@@ -242,6 +244,20 @@ class KubeEmulator(KubeRbac):
 
     def clear_faults(self) -> None:
         self._faults.clear()
+
+    def hold_watch_events(self, kind: str) -> None:
+        """Watches of `kind` deliver nothing more until `release_watch_events(kind)`; lists and
+        every other request answer as before (the apiserver has the object, the watcher lags)."""
+        self._held.setdefault(kind, asyncio.Event())
+
+    def release_watch_events(self, kind: str) -> None:
+        held = self._held.pop(kind, None)
+        if held is not None:
+            held.set()
+
+    async def _delivered(self, rt: ResourceType) -> None:
+        while (held := self._held.get(rt.kind)) is not None:
+            await held.wait()
 
     def drop_watches(self) -> int:
         """Abort every open watch connection without a clean end; returns how many."""
@@ -503,6 +519,7 @@ class KubeEmulator(KubeRbac):
                 await response.write_eof()
                 return response
             for etype, obj in initial:
+                await self._delivered(rt)
                 await response.write(self._line(etype, obj))
             deadline = time.monotonic() + timeout
             while True:
@@ -523,6 +540,7 @@ class KubeEmulator(KubeRbac):
                 if item is _CLOSE:
                     break
                 etype, obj = item
+                await self._delivered(rt)
                 await response.write(self._line(etype, obj))
                 sent = int(obj["metadata"]["resourceVersion"])
             if bookmarks:  # like the apiserver: a last bookmark so the client resumes from there

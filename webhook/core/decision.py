@@ -16,6 +16,7 @@ class Reason(StrEnum):
     INVALID = "Invalid"
     BAD_REQUEST = "BadRequest"  # the request cannot be read
     INTERNAL_ERROR = "InternalError"  # a bug: never a traceback to the caller
+    NAMESPACE_NOT_KNOWN_HERE = "NamespaceNotKnownHere"  # a pod's namespace this replica has not seen: read it
     RUNAI_PROJECT_NOT_BOUND = "RunaiProjectNotBound"  # bind now, or refuse when Run:ai is unreachable
     RUNAI_PROJECT_NOT_KNOWN_HERE = "RunaiProjectNotKnownHere"  # bound, but no record here yet: look it up
     RUNAI_PROJECT_MISSING = "RunaiProjectMissing"  # bound to a Run:ai project Run:ai no longer has

@@ -79,15 +79,33 @@ def request_namespace(request: Mapping[str, Any]) -> str:
     return namespace if isinstance(namespace, str) else ""  # the object is not schema-checked yet
 
 
-def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarget | None:
-    """The pod this system owns in this request, or None when it must pass unchanged (S6)."""
+def _created_pod(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pod a pod CREATE request makes; None for any other request."""
     if request.get("operation") != "CREATE" or request.get("subResource"):
         return None
     kind = request.get("kind") or {}
     if kind.get("kind") != "Pod" or kind.get("group", "") != "":
         return None
     pod = request.get("object")
-    if not isinstance(pod, dict):
+    return pod if isinstance(pod, dict) else None
+
+
+def unseen_namespace(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> str | None:
+    """The namespace of a pod CREATE that the snapshot has no record of, else None.
+
+    The apiserver sends pods here only from namespaces matching the webhooks' selector, so such a
+    namespace is a project namespace this replica's watch has not delivered yet: its pod must not
+    pass unchanged as if it were no project's (the shell reads the namespace, or refuses)."""
+    if _created_pod(request) is None:
+        return None
+    name = request_namespace(request)
+    return name if name and name not in snapshot.namespaces else None
+
+
+def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarget | None:
+    """The pod this system owns in this request, or None when it must pass unchanged (S6)."""
+    pod = _created_pod(request)
+    if pod is None:
         return None
     namespace = snapshot.namespaces.get(request_namespace(request))
     if namespace is None or not namespace.is_project:

@@ -4,13 +4,16 @@ its webhooks): `admission_handlers` returns the path → handler table the app s
 Without cluster parts (`serve --state DIR`, tests) the handlers decide from the caches alone; with
 them (against an apiserver) `/mutate/pods` binds an unbound project on its first pod,
 `/validate/pods` may look up a project and reserve GPUs, and `/validate/settings` knows the Run:ai
-department names.
+department names. Both pod webhooks first read a pod's namespace that the watch has not delivered
+yet (`webhook.state.namespace_reader`), or refuse the pod with a retryable 503: never pass it as if
+it were no project's.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +22,18 @@ from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner
 from webhook.core.quota import validate_pod
-from webhook.core.scheduling import mutate_pod
+from webhook.core.scheduling import mutate_pod, unseen_namespace
 from webhook.core.workloads import validate_workload
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
 from webhook.runai.admission import Bind, mutate_pods_handler
 from webhook.state.store import ClusterState
+
+log = logging.getLogger(__name__)
+
+# Puts a namespace the watch has not delivered yet into the cache (`NamespaceReader.read`); raises
+# with a message when it cannot.
+ReadNamespace = Callable[[str], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,7 @@ class ClusterParts:
     bind: Bind
     lookup: Lookup
     runai_departments: Callable[[], Collection[str] | None]
+    read_namespace: ReadNamespace
 
 
 def admission_handlers(
@@ -50,14 +60,39 @@ def admission_handlers(
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
         }
+    read = cluster.read_namespace
     return {
         # Binding on a first start happens in the mutating phase, so Run:ai's webhooks see the pod.
-        "/mutate/pods": mutate_pods_handler(state, cluster.bind),
+        "/mutate/pods": reading_unseen_namespaces(state, read, mutate_pods_handler(state, cluster.bind)),
         "/mutate/workloads": owners_handler(state),
-        "/validate/pods": validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup),
+        "/validate/pods": reading_unseen_namespaces(
+            state, read, validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup)
+        ),
         "/validate/workloads": cached_workloads_handler(state),
         "/validate/settings": settings_handler(state, guard, cluster.runai_departments),
     }
+
+
+def reading_unseen_namespaces(state: ClusterState, read: ReadNamespace, handler: AdmissionHandler) -> AdmissionHandler:
+    """`handler`, after the pod's namespace is in the cache: read it when the watch has not shown
+    it yet, or refuse the pod with a retryable 503 when it cannot be read."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        namespace = unseen_namespace(request, state.snapshot())
+        if namespace is not None:
+            try:
+                await read(namespace)
+            except Exception as exc:
+                log.info("reading namespace %s on admission failed: %s", namespace, exc)
+                return Decision.deny(
+                    f"namespace {namespace} is new to this replica and could not be read ({exc}); its pods get the "
+                    "platform's scheduling only once it is known here. Try again in a few seconds",
+                    code=503,
+                    reason=Reason.NAMESPACE_NOT_KNOWN_HERE,
+                )
+        return await handler(request)
+
+    return handle
 
 
 def mutate_handler(state: ClusterState) -> AdmissionHandler:

@@ -21,6 +21,7 @@ from webhook.core.gpu_view import runai_project_info
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.runai.records import node_pool_record, project_record
+from webhook.shared_calls import SharedCalls, TooManyCalls
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait, wait_for_event
@@ -81,7 +82,7 @@ class RunaiDirectory:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._lookups: dict[str, asyncio.Future[None]] = {}  # in flight only
+        self._lookups: SharedCalls[str, None] = SharedCalls(MAX_LOOKUPS_IN_FLIGHT, "Run:ai project lookups")
 
     @property
     def interval_s(self) -> float:
@@ -233,21 +234,10 @@ class RunaiDirectory:
         (or that Run:ai has no such project, in `runai_missing`). One counted request-path call
         (two before the first refresh: the cluster id), all within `timeout_s`; concurrent lookups
         of one namespace share it. Raises RunaiError (RunaiUnreachable: no answer in time)."""
-        task = self._lookups.get(namespace)
-        if task is None:
-            if len(self._lookups) >= MAX_LOOKUPS_IN_FLIGHT:
-                raise RunaiError(f"{MAX_LOOKUPS_IN_FLIGHT} Run:ai project lookups are already in flight")
-            task = asyncio.ensure_future(self._lookup(namespace, timeout_s))
-            self._lookups[namespace] = task
-
-            def done(finished: asyncio.Future[None]) -> None:
-                self._lookups.pop(namespace, None)
-                if not finished.cancelled():
-                    finished.exception()  # retrieved here: every waiter may have gone away
-
-            task.add_done_callback(done)
-        # A waiter that goes away (its request timed out) must not cancel the others' lookup.
-        await asyncio.shield(task)
+        try:
+            await self._lookups.call(namespace, lambda: self._lookup(namespace, timeout_s))
+        except TooManyCalls as exc:
+            raise RunaiError(str(exc)) from None
 
     async def _lookup(self, namespace: str, timeout_s: float) -> None:
         info = self.state.namespaces.get(namespace)
