@@ -9,6 +9,7 @@ announces a body too large) against the server's own listener (webhook.http.list
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -32,6 +33,7 @@ from tests.support.https import (
 )
 from tests.support.reviews import pod_review
 from webhook.core.decision import Decision
+from webhook.http.app import STATE_KEY
 from webhook.http.listener import ConnectionLimits
 from webhook.runtime import Runtime, ServeOptions
 from webhook.tls.watcher import make_client_ssl_context
@@ -132,26 +134,163 @@ async def test_keep_alive_outlives_the_header_timeout_and_ends_at_the_idle_timeo
 # -- the cap ---------------------------------------------------------------------------------------
 
 
-async def test_past_the_cap_new_connections_are_shed_and_open_ones_still_served(
+async def test_at_the_cap_the_oldest_silent_connection_makes_room_and_a_served_one_stays(
     https_server: StartHttpsServer,
 ) -> None:
+    # Issue 21.1: the cap used to refuse the newcomer, so silent connections held it for good.
     limits = ConnectionLimits(handshake_timeout_s=2, header_timeout_s=30, idle_timeout_s=30, max_connections=8)
     srv = await https_server(ready_app(), limits=limits)
     ctx = srv.client_ssl_context()
     working = await connect(srv.port, ctx)  # as the apiserver: one kept-alive connection
     assert await answer_status(*working, GET_READYZ) == 200
-    idle = [await connect(srv.port, ctx) for _ in range(7)]
+    silent = [await connect(srv.port, ctx) for _ in range(7)]
     assert srv.listener.open_connections == 8
+    newcomer = await connect(srv.port, ctx)
+    assert await answer_status(*newcomer, GET_READYZ) == 200  # answered, not reset
+    assert await closed_within(silent[0][0], 2.0)  # the oldest that never completed a request
+    assert not await closed_within(silent[1][0], 0.2)
+    assert await answer_status(*working, GET_READYZ) == 200  # the served one is still open
+    assert srv.listener.open_connections == 8
+    for _, writer in [*silent, working, newcomer]:
+        writer.close()
+
+
+async def test_a_newcomer_is_shed_only_when_every_connection_has_a_request_in_flight(
+    https_server: StartHttpsServer,
+) -> None:
+    release = asyncio.Event()
+
+    async def held(_: Any) -> Decision:
+        await release.wait()
+        return Decision.allow()
+
+    limits = ConnectionLimits(handshake_timeout_s=2, header_timeout_s=30, idle_timeout_s=30, max_connections=4)
+    state = ready_app()[STATE_KEY]
+    srv = await https_server(cache_app(state, handlers={"/mutate/pods": held}), limits=limits)
+    ctx = srv.client_ssl_context()
+    body = json.dumps(pod_review("churn")).encode()
+    head = (
+        f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    in_flight = [await connect(srv.port, ctx) for _ in range(4)]
+    for _, writer in in_flight:
+        writer.write(head + body)
+        await writer.drain()
+    await asyncio.sleep(0.2)
     with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
         extra = await connect(srv.port, ctx)
         await answer_status(*extra, GET_READYZ)
-    assert await answer_status(*working, GET_READYZ) == 200  # the connection already open is served
-    idle[0][1].close()
-    await asyncio.sleep(0.2)
+    release.set()
+    for reader, _ in in_flight:  # none of them was cut to make room
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200 ")
     again = await connect(srv.port, ctx)
-    assert await answer_status(*again, GET_READYZ) == 200  # room again once one has gone
-    for _, writer in [*idle[1:], working, again]:
+    assert await answer_status(*again, GET_READYZ) == 200
+    for _, writer in [*in_flight, again]:
         writer.close()
+
+
+SLOW = ConnectionLimits(
+    handshake_timeout_s=0.5, header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=5, max_connections=64
+)
+
+
+def slow_body_head(length: int = 4_000_000) -> bytes:
+    return (
+        f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_slow_body_is_closed_at_the_body_deadline(https_server: StartHttpsServer) -> None:
+    # Issue 21.1: a body announced as 4 MB and sent a byte at a time was held open for good.
+    srv = await https_server(ready_app(), limits=SLOW)
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    writer.write(slow_body_head() + b"{")
+    await writer.drain()
+    started = time.monotonic()
+    closed = False
+    for _ in range(30):  # a byte every 0.1 s: the head arrived at once, the body never ends
+        try:
+            writer.write(b" ")
+            await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            closed = True
+            break
+        if await closed_within(reader, 0.1):
+            closed = True
+            break
+    assert closed and time.monotonic() - started < 1.5
+    writer.close()
+
+
+async def test_an_aborted_upload_is_one_line_at_debug(
+    https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 21.1: the client hanging up mid-body logged a 16-line ERROR traceback.
+    srv = await https_server(ready_app(), limits=SHORT)
+    with caplog.at_level(logging.DEBUG):
+        _, writer = await connect(srv.port, srv.client_ssl_context())
+        writer.write(slow_body_head(100_000) + b'{"apiVersion": ')
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()
+        await asyncio.sleep(0.3)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.exc_info]
+    (line,) = [r for r in caplog.records if "body" in r.getMessage() and r.name.startswith("webhook")]
+    assert line.levelno == logging.DEBUG and "\n" not in line.getMessage()
+
+
+# -- a fresh client during the attacks, over real TLS ------------------------------------------------
+
+
+async def open_quietly(port: int, ctx: ssl.SSLContext | None) -> asyncio.StreamWriter | None:
+    try:
+        return (await connect(port, ctx))[1]
+    except (ConnectionError, ssl.SSLError, OSError):
+        return None
+
+
+async def review_status(srv: Any) -> int:
+    """A new connection from a new client, as an apiserver that dials: its review's status."""
+    async with srv.new_session() as session, session.post(srv.url("/mutate/pods"), json=pod_review("churn")) as resp:
+        assert resp.status != 200 or (await resp.json())["response"]["allowed"]
+        return resp.status
+
+
+async def test_a_fresh_client_is_answered_while_an_attacker_holds_silent_and_slow_connections(
+    https_server: StartHttpsServer,
+) -> None:
+    # Issue 21.1: silent handshakes and slow bodies filled the cap and every new connection was
+    # reset. The attacker here holds far more than the cap, of every kind, and keeps dialling.
+    limits = ConnectionLimits(
+        handshake_timeout_s=30, header_timeout_s=30, body_timeout_s=30, idle_timeout_s=30, max_connections=16
+    )
+    srv = await https_server(ready_app(), limits=limits)
+    ctx = srv.client_ssl_context()
+    held: list[asyncio.StreamWriter | None] = []
+    for round_ in range(3):
+        # handshakes never started (TCP only), handshakes done and silent, a first request's slow
+        # body, and connections that completed one request and now sit idle
+        held += [await open_quietly(srv.port, None) for _ in range(12)]
+        held += [await open_quietly(srv.port, ctx) for _ in range(12)]
+        for _ in range(8):
+            pair = None
+            with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+                pair = await connect(srv.port, ctx)
+                pair[1].write(slow_body_head() + b"{")
+            held.append(pair[1] if pair else None)
+        for _ in range(8):
+            with contextlib.suppress(ConnectionError, ssl.SSLError, OSError, asyncio.IncompleteReadError):
+                pair = await connect(srv.port, ctx)
+                await answer_status(*pair, GET_READYZ)
+                held.append(pair[1])
+        assert srv.listener.open_connections <= 16
+        assert await review_status(srv) == 200, f"round {round_}"
+    for writer in held:
+        if writer is not None:
+            writer.close()
 
 
 # -- the probe listener ------------------------------------------------------------------------------
@@ -216,10 +355,7 @@ async def test_a_flood_on_the_main_port_does_not_starve_the_probes(tmp_path: Pat
     runtime, options = await start_runtime(tmp_path, certs.dir, probe_port=free_port(), connection_limits=limits)
     try:
         ctx = make_client_ssl_context(cadata=certs.ca.cert_pem)
-        flood = [await connect(options.port, ctx) for _ in range(4)]
-        with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
-            extra = await connect(options.port, ctx)
-            await answer_status(*extra, GET_READYZ)
+        flood = [await connect(options.port, ctx) for _ in range(8)]
         assert options.probe_port is not None
         assert await probe(options.probe_port, "/readyz") == 200
         assert await probe(options.probe_port, "/healthz") == 200

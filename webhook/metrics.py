@@ -92,7 +92,8 @@ CONNECTIONS_OPEN = Gauge(
 CONNECTIONS_CLOSED = Counter(
     "webhook_connections_closed_total",
     "Connections closed by the server to bound what idle or hostile clients hold, by listener and reason.",
-    ["listener", "reason"],  # shed (over the cap), header_timeout
+    # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout
+    ["listener", "reason"],
     registry=REGISTRY,
 )
 RUNAI_ADMISSION_AVAILABLE = Gauge(

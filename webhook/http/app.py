@@ -156,6 +156,11 @@ async def errors_as_json(
         if exc.status < 400:
             raise
         return _json_error(exc.status, exc.reason)
+    except ConnectionError as exc:
+        # The client hung up (or a deadline closed it) before its body was read: nobody to answer.
+        log.debug("%s %s: the client closed the connection before its body was read (%s)",
+                  request.method, log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
+        return _json_error(400, "connection closed before the body was read")
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _json_error(500, "internal error; see the server log")
