@@ -179,6 +179,16 @@ async def test_admin_api_department_delete_reports_moved_failed_and_remaining(
     assert status == 400
 
 
+async def test_deleting_a_department_no_project_is_in_is_404(env: Env, https_server: StartHttpsServer) -> None:
+    # Issue 21.4: it answered 200, "department nosuch: 0 project(s) moved".
+    env.project_ns("a1", department="ml", runai_department="ml")
+    srv = await _serve(env, https_server)
+    status, answer = await _call(srv, "DELETE", "/api/v1/admin/departments/nosuch")
+    assert (status, answer["code"]) == (404, "DepartmentNotFound"), answer
+    assert "nosuch" in answer["error"] and DEPARTMENT_LABEL in answer["error"]
+    assert env.kube.get_object("Namespace", "a1")["metadata"]["labels"][DEPARTMENT_LABEL] == "ml"
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 
 

@@ -123,5 +123,25 @@ async def test_admin_cli_against_folder_mode_says_it_needs_cluster_mode(
     assert "needs cluster mode" in err and "404" not in err
     async with srv.session.post(srv.url("/api/v1/admin/projects/churn/move"), json={"department": "x"}) as resp:
         assert resp.status == 404 and "needs cluster mode" in (await resp.json())["error"]
-    async with srv.session.get(srv.url("/api/v1/projects/churn/scheduling")) as resp:
+    local = {"Host": f"localhost:{srv.port}"}  # folder mode's own routes answer only a loopback Host
+    async with srv.session.get(srv.url("/api/v1/projects/churn/scheduling"), headers=local) as resp:
         assert resp.status == 200  # what folder mode does serve is not shadowed by the catch-all
+
+
+async def test_folder_mode_answers_only_a_loopback_host_and_sends_no_hsts(https_server: StartHttpsServer) -> None:
+    # Issue 21.4: any Host was answered, so a page re-pointing its own name at 127.0.0.1 (DNS
+    # rebinding) could read the folder's projects through a browser on this machine.
+    state = ClusterState("hopsworks")
+    load_into(state, CLUSTER)
+    from webhook.local_mode import folder_mode_routes
+
+    srv = await https_server(cache_app(state, routes=folder_mode_routes(state, CLUSTER, LOOPBACK)))
+    for path in ("/api/v1/projects/churn/scheduling", "/ui/", "/api/v1/admin/runai"):
+        for host in ("rebound.example.com", f"rebound.example.com:{srv.port}", SERVICE_HOST, ""):
+            async with srv.session.get(srv.url(path), headers={"Host": host}) as resp:
+                assert resp.status == 421, (path, host)
+                assert (await resp.json())["code"] == "NotLoopbackHost"
+        for host in (f"localhost:{srv.port}", "127.0.0.1", f"[::1]:{srv.port}", "LOCALHOST"):
+            async with srv.session.get(srv.url(path), headers={"Host": host}) as resp:
+                assert resp.status == 200, (path, host, await resp.text())
+                assert "Strict-Transport-Security" not in resp.headers  # per host, not port: not on localhost

@@ -125,6 +125,7 @@ async def test_sign_in_keeps_only_who_signed_in_in_an_encrypted_session_cookie(s
         assert page.status == 200 and "Project <span" in await page.text()
         assert "default-src 'none'" in page.headers["Content-Security-Policy"]
         assert page.headers["Cache-Control"] == "private, no-store"
+        assert page.headers["Strict-Transport-Security"] == "max-age=31536000"  # issue 21.4
 
 
 async def test_a_bad_token_is_not_signed_in(served: Served) -> None:

@@ -33,8 +33,8 @@ from webhook.client import (
     Unavailable,
     get_gpu_availability,
 )
-from webhook.http.admin_api import admin_routes, authorize_with
-from webhook.http.auth import AccessCheck, KubeAuthorizer
+from webhook.http.admin_api import ADMIN_API_ACTION, ADMIN_API_CHECK, admin_routes, authorize_with
+from webhook.http.auth import KubeAuthorizer
 from webhook.http.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
 from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
@@ -134,7 +134,7 @@ class Env:
         authorizer = KubeAuthorizer(kube, admin_groups=["hopsworks:admins"], clock=self.clock, **(auth or {}))
         self.authorizer = authorizer
         routes = gpu_api_routes(self.state, directory or self.directory, authorizer, clock=self.clock, **kwargs)
-        admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"), **(auth or {}))
+        admin_auth = KubeAuthorizer(kube, admin_check=ADMIN_API_CHECK, admin_action=ADMIN_API_ACTION, **(auth or {}))
         routes += admin_routes(UnreachableMover(), authorize_with(admin_auth))
         return await self.start(cache_app(self.state, routes=routes))
 
@@ -216,7 +216,7 @@ async def test_a_member_of_another_project_is_refused(env: Env) -> None:
     srv = await env.server()
     status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "bob-token")
     assert status == 403 and body["code"] == "Forbidden"
-    assert "bob" in body["error"] and "get pods in namespace churn" in body["error"]
+    assert "bob" in body["error"] and "`kubectl auth can-i get pods --namespace=churn`" in body["error"]
     # bob reads his own project; a namespace that does not exist is a 403 too, not a hint that it is missing.
     assert (await get(srv, "/api/v1/projects/fraud/gpu", "bob-token"))[0] == 200
     assert (await get(srv, "/api/v1/projects/nope/gpu", "bob-token"))[0] == 403
@@ -324,6 +324,19 @@ async def test_the_table_of_reviews_in_flight_is_bounded(env: Env) -> None:
     assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == 4
 
 
+async def test_the_admin_api_refusal_names_the_permission_as_kubectl_auth_can_i(env: Env) -> None:
+    # Issue 21.4: it said "may not read the Run:ai admin view: it needs update namespaces".
+    srv = await env.server()
+    async with srv.session.delete(
+        srv.url("/api/v1/admin/departments/ml"), headers={"Authorization": "Bearer alice-token"}
+    ) as resp:
+        assert resp.status == 403
+        assert (await resp.json())["error"] == (
+            "user 'alice' may not move projects or delete departments: "
+            "`kubectl auth can-i update namespaces --all-namespaces` must say yes for them (no rule allows it)"
+        )
+
+
 async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:
     srv = await env.server()
     for name in ("nope", "kube-public", "Not_A_Name"):
@@ -334,8 +347,11 @@ async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:
 async def test_admin_view_needs_an_admin(env: Env) -> None:
     srv = await env.server()
     status, _, body = await get(srv, "/api/v1/admin/runai", "alice-token")
-    assert status == 403 and "list namespaces cluster-wide" in body["error"]
-    assert "hopsworks:admins" in body["error"]
+    # Issue 21.4: the permission as `kubectl auth can-i` names it, not "it needs list namespaces".
+    assert status == 403 and body["error"] == (
+        "user 'alice' may not read the Run:ai admin view: `kubectl auth can-i list namespaces --all-namespaces` "
+        "must say yes for them (no rule allows it), or they must be in group hopsworks:admins"
+    )
     status, _, body = await get(srv, "/api/v1/admin/runai", "root-token")  # by SubjectAccessReview
     assert status == 200, body
     sar = env.kube.calls("POST", SARS)[-1].body["spec"]
@@ -512,7 +528,7 @@ async def test_python_client_end_to_end(env: Env) -> None:
         assert (gpus.available_non_preemptible, gpus.available_preemptible, gpus.warnings) == (3, 5, [])
         with pytest.raises(Forbidden) as refused:
             await api.get_gpu_availability("fraud")
-        assert refused.value.status == 403 and "get pods in namespace fraud" in refused.value.reason
+        assert refused.value.status == 403 and "can-i get pods --namespace=fraud" in refused.value.reason
         with pytest.raises(Forbidden):
             await api.get_runai_admin_view()
     async with GpuClient(base, "root-token", ca) as api:

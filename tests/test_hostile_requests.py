@@ -285,3 +285,24 @@ def test_a_patch_cannot_be_made_much_larger_than_the_limits() -> None:
     decision = mutate_pod(doc["request"], snapshot(namespaces=[namespace("churn")], kueue_installed=True))
     assert not decision.allowed and decision.code == 403
     assert f"{MAX_RESULT_EXPRESSIONS} match expressions" in decision.message
+
+
+# -- issue 21.4: answers that echo a caller's text are never sniffed, errors never stored ----------
+async def test_answers_say_nosniff_and_error_answers_no_store(https_server: StartHttpsServer) -> None:
+    srv = await https_server(make_app())
+    async with srv.session.post(srv.url("/mutate/pods"), json=pod_review("churn")) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Content-Type-Options"] == "nosniff"
+        assert "no-store" not in resp.headers.get("Cache-Control", "")
+    refusals = [
+        ("POST", "/mutate/pods", {"data": b"<html>", "headers": {"Content-Type": "text/html"}}),  # 415, echoes it
+        ("POST", "/mutate/pods", {"data": b"{", "headers": {"Content-Type": "application/json"}}),  # 400
+        ("GET", "/no/such/page", {}),  # 404 from the router
+        ("GET", "/mutate/pods", {}),  # 405
+    ]
+    for method, path, kwargs in refusals:
+        async with srv.session.request(method, srv.url(path), **kwargs) as resp:
+            assert resp.status >= 400, (method, path)
+            assert resp.headers["X-Content-Type-Options"] == "nosniff", (path, resp.status)
+            assert resp.headers["Cache-Control"] == "no-store", (path, resp.status)
+            assert resp.content_type == "application/json"

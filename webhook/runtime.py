@@ -263,8 +263,8 @@ class Runtime:
         from webhook.console.keys import KeyFile
         from webhook.console.session import Sessions
         from webhook.console.signouts import Signouts, signouts_watcher
-        from webhook.http.admin_api import admin_routes, authorize_with
-        from webhook.http.auth import AccessCheck, KubeAuthorizer
+        from webhook.http.admin_api import ADMIN_API_ACTION, ADMIN_API_CHECK, admin_routes, authorize_with
+        from webhook.http.auth import KubeAuthorizer
         from webhook.http.gpu_api import DirectoryAdapter, GpuViews
         from webhook.http.scheduling_api import scheduling_routes
         from webhook.kube.api import KubeApi
@@ -301,7 +301,7 @@ class Runtime:
             read_namespace=NamespaceReader(self.state, kube).read,
         )
         gpu_auth = KubeAuthorizer(kube)
-        admin_auth = KubeAuthorizer(kube, admin_check=AccessCheck("update", "namespaces"))
+        admin_auth = KubeAuthorizer(kube, admin_check=ADMIN_API_CHECK, admin_action=ADMIN_API_ACTION)
         views = GpuViews(
             self.state,
             DirectoryAdapter(runai.directory, runai.client),

@@ -60,6 +60,10 @@ _SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "private, no-store",
 }
+# Cluster mode: the console is only ever HTTPS, so a browser that saw it once never tries plain
+# HTTP (a downgrade in between). Not in folder mode: HSTS is per host, not per port, and there the
+# host is localhost, whose other ports may well serve plain HTTP.
+_HSTS = {"Strict-Transport-Security": "max-age=31536000"}
 
 
 class SignIn(Protocol):
@@ -144,6 +148,7 @@ class _Stop(Exception):
 
 def console_routes(console: Console) -> list[web.RouteDef]:
     env = _environment()
+    page_headers = _SECURITY_HEADERS if console.open else {**_SECURITY_HEADERS, **_HSTS}
 
     def render(
         request: web.Request, template: str, status: int = 200, session: Session | None = None, **context: Any
@@ -155,7 +160,7 @@ def console_routes(console: Console) -> list[web.RouteDef]:
             path=request.path,
             **context,
         )
-        return web.Response(text=page, status=status, content_type="text/html", headers=_SECURITY_HEADERS)
+        return web.Response(text=page, status=status, content_type="text/html", headers=page_headers)
 
     def problem(request: web.Request, status: int, title: str, reason: str, session: Session | None) -> _Stop:
         return _Stop(render(request, "problem.html", status, session, title=title, reason=reason, code=status))

@@ -23,6 +23,7 @@ from webhook.kube.api import KubeError
 from webhook.logsafe import log_safe
 from webhook.runai.client import RunaiError
 from webhook.runai.departments import DepartmentDeleteResult, MoveError, MoveResult, ProjectBusy
+from webhook.snapshot import DEPARTMENT_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,11 @@ def _identity_name(identity: Any) -> str:
 
 def bearer_token(request: web.Request) -> str | None:
     return auth.bearer_token(request.headers.get("Authorization"))
+
+
+# Who may call the admin API: a move rewrites namespaces and Run:ai projects, so a write it is.
+ADMIN_API_CHECK = auth.AccessCheck("update", "namespaces")
+ADMIN_API_ACTION = "move projects or delete departments"
 
 
 class AdminChecker(Protocol):
@@ -164,6 +170,13 @@ async def delete_department_answer(mover: Mover, name: str, who: str) -> Answer:
     async def delete() -> Answer:
         log.info("admin %s deletes department %s", log_safe(who), log_safe(name))
         result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
+        if result.complete and not result.moved:
+            # A department is the label its projects carry: with none, there is nothing of that name.
+            return 404, {
+                "error": f"department {name} not found: no project namespace is labelled {DEPARTMENT_LABEL}={name}",
+                "code": "DepartmentNotFound",
+                "department": name,
+            }
         return result.status, result.to_json()
 
     return await _answer(delete)

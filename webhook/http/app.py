@@ -48,12 +48,20 @@ class ServerStatus:
         return [p for check in self.problems if (p := check()) is not None]
 
 
+# Every answer: JSON that echoes a caller's text must never be sniffed into HTML or script.
+NOSNIFF = ("X-Content-Type-Options", "nosniff")
+# Error answers: nothing in between keeps them (a 401 or 503 is about this moment and this caller).
+NO_STORE = ("Cache-Control", "no-store")
+_ERROR_HEADERS = dict([NOSNIFF, NO_STORE])
+
+
 STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
 SERVER_KEY: web.AppKey[ServerStatus] = web.AppKey("server_status", ServerStatus)
 
 
 def _json_error(status: int, reason: str) -> web.Response:
-    return web.json_response({"error": reason}, status=status)
+    # The headers here too: an Expect handler's refusal does not pass through the middleware.
+    return web.json_response({"error": reason}, status=status, headers=_ERROR_HEADERS)
 
 
 def rules_read(state: ClusterState) -> Callable[[Mapping[str, Any]], bool]:
@@ -149,21 +157,28 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 async def errors_as_json(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Every error answer is JSON with a reason; unexpected ones never show a traceback."""
+    """Every error answer is JSON with a reason and `no-store`; unexpected ones never show a
+    traceback. Every answer says `nosniff`."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _json_error(exc.status, exc.reason)
+        response = _json_error(exc.status, exc.reason)
     except ConnectionError as exc:
         # The client hung up (or a deadline closed it) before its body was read: nobody to answer.
         log.debug("%s %s: the client closed the connection before its body was read (%s)",
                   request.method, log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
-        return _json_error(400, "connection closed before the body was read")
+        response = _json_error(400, "connection closed before the body was read")
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return _json_error(500, "internal error; see the server log")
+        response = _json_error(500, "internal error; see the server log")
+    if not response.prepared:
+        headers = response.headers
+        headers.setdefault(*NOSNIFF)
+        if response.status >= 400 and "no-store" not in headers.get(NO_STORE[0], ""):
+            headers[NO_STORE[0]] = NO_STORE[1]
+    return response
 
 
 async def healthz(_: web.Request) -> web.Response:

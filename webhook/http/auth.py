@@ -113,11 +113,14 @@ class AccessCheck:
             attrs["namespace"] = namespace
         return attrs
 
-    def describe(self, namespace: str | None) -> str:
-        what = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        if self.group:
-            what = f"{what}.{self.group}"
-        return f"{self.verb} {what}" + (f" in namespace {namespace}" if namespace else " cluster-wide")
+    def can_i(self, namespace: str | None) -> str:
+        """The `kubectl auth can-i` command that asks this question, as a refusal names it."""
+        what = f"{self.resource}.{self.group}" if self.group else self.resource
+        words = ["kubectl auth can-i", self.verb, what]
+        if self.subresource:
+            words.append(f"--subresource={self.subresource}")
+        words.append(f"--namespace={namespace}" if namespace else "--all-namespaces")
+        return " ".join(words)
 
 
 PROJECT_READER = AccessCheck("get", "pods")
@@ -220,6 +223,7 @@ class KubeAuthorizer:
         project_check: AccessCheck = PROJECT_READER,
         admin_check: AccessCheck | None = ADMIN,
         admin_groups: Iterable[str] = (),
+        admin_action: str = "read the Run:ai admin view",
         ttl_s: float = 30.0,
         negative_ttl_s: float = 5.0,
         max_entries: int = 4096,
@@ -231,6 +235,7 @@ class KubeAuthorizer:
         self.project_check = project_check
         self.admin_check = admin_check  # None: only `admin_groups` make an admin
         self.admin_groups = frozenset(admin_groups)
+        self.admin_action = admin_action  # what a refusal says the caller may not do
         self.ttl_s = ttl_s
         # Refusals are cached for less time: a RoleBinding just added should work soon.
         self.negative_ttl_s = min(negative_ttl_s, ttl_s)
@@ -270,7 +275,7 @@ class KubeAuthorizer:
         if not allowed:
             raise Forbidden(
                 f"user {principal.username!r} may not read the GPU view of project {namespace}: "
-                f"it needs {self.project_check.describe(namespace)}{_because(reason)}"
+                f"`{self.project_check.can_i(namespace)}` must say yes for them{_because(reason)}"
             )
         return principal
 
@@ -284,12 +289,12 @@ class KubeAuthorizer:
             allowed, reason = await self._allowed(principal, self.admin_check, None)
             if allowed:
                 return principal
-        needs = [self.admin_check.describe(None)] if self.admin_check else []
-        needs += [f"membership of group {g}" for g in sorted(self.admin_groups)]
-        raise Forbidden(
-            f"user {principal.username!r} may not read the Run:ai admin view: it needs "
-            f"{' or '.join(needs) or 'an administrator'}{_because(reason)}"
+        needs = (
+            [f"`{self.admin_check.can_i(None)}` must say yes for them{_because(reason)}"] if self.admin_check else []
         )
+        needs += [f"they must be in group {g}" for g in sorted(self.admin_groups)]
+        needed = ", or ".join(needs) or "only an administrator may"
+        raise Forbidden(f"user {principal.username!r} may not {self.admin_action}: {needed}")
 
     async def _review_token(self, key: str, token: str) -> Principal | str:
         try:

@@ -215,7 +215,10 @@ class BoundedRequestHandler(RequestHandler):
         )
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Bad Request"
         response = web.Response(
-            status=status, text=f"{status} {phrase}: malformed request head", content_type="text/plain"
+            status=status,
+            text=f"{status} {phrase}: malformed request head",
+            content_type="text/plain",
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
         )
         response.force_close()
         return response
