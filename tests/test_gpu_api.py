@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
 from tests.support.fixtures import remote_calls
-from tests.support.https import HttpsServer, StartHttpsServer
+from tests.support.https import HttpsServer, StartHttpsServer, wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from webhook.client import (
@@ -36,6 +36,7 @@ from webhook.client import (
 from webhook.http.admin_api import ADMIN_API_ACTION, ADMIN_API_CHECK, admin_routes, authorize_with
 from webhook.http.auth import KubeAuthorizer
 from webhook.http.gpu_api import DirectoryAdapter, RunaiDirectoryView, gpu_api_routes
+from webhook.http.review_budget import ReviewBudget
 from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, RunaiError, SecretFile
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
@@ -316,7 +317,7 @@ async def test_concurrent_requests_with_one_token_make_one_token_review(env: Env
 
 
 async def test_the_table_of_reviews_in_flight_is_bounded(env: Env) -> None:
-    srv = await env.server(auth={"max_in_flight": 4})
+    srv = await env.server(auth={"max_in_flight": 4, "reserved_for_known_good": 0})
     env.kube.slow_next(10, 0.5, path_prefix=TOKEN_REVIEWS)
     answers = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", f"token-{i}") for i in range(10)))
     statuses = sorted(a[0] for a in answers)
@@ -335,6 +336,61 @@ async def test_the_admin_api_refusal_names_the_permission_as_kubectl_auth_can_i(
             "user 'alice' may not move projects or delete departments: "
             "`kubectl auth can-i update namespaces --all-namespaces` must say yes for them (no rule allows it)"
         )
+
+
+# -- issue 21.3: authentication under a flood of new tokens ------------------------------------------
+
+
+async def test_a_flood_of_new_tokens_from_one_client_costs_at_most_its_budget_of_token_reviews(env: Env) -> None:
+    # 200 random tokens made 200 TokenReviews in 0.3 s.
+    srv = await env.server()
+    env.kube.slow_next(200, 0.2, path_prefix=TOKEN_REVIEWS)
+    answers = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", f"junk-{i}") for i in range(200)))
+    statuses = [a[0] for a in answers]
+    assert set(statuses) == {401, 429}, statuses
+    assert {a[2]["code"] for a in answers if a[0] == 429} == {"TooManyNewTokens"}
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == statuses.count(401) <= 20
+
+
+async def test_a_token_known_good_is_answered_while_new_tokens_fill_the_table_of_reviews(env: Env) -> None:
+    # While junk reviews filled the table, a valid user got 503 "too many authentication checks".
+    srv = await env.server(auth={"max_in_flight": 8})
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+    env.clock.now += 60  # alice's answer has expired; her token is still known good
+    env.kube.slow_next(8, 1.0, path_prefix=TOKEN_REVIEWS)
+    junk = [asyncio.ensure_future(get(srv, "/api/v1/projects/churn/gpu", f"junk-{i}")) for i in range(8)]
+    await wait_until(lambda: len(env.kube.calls("POST", TOKEN_REVIEWS)) >= 1 + 6, what="junk reviews in flight")
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert status == 200, body
+    assert sorted(a[0] for a in await asyncio.gather(*junk)) == [401] * 6 + [503] * 2
+
+
+async def test_refusals_of_new_tokens_do_not_push_good_tokens_out_of_the_cache(env: Env) -> None:
+    # Junk refusals pushed valid users out of the 4,096-entry cache.
+    srv = await env.server(auth={"max_entries": 4})
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+    for i in range(16):  # within the client's budget: each one reviewed, refused and cached
+        assert (await get(srv, "/api/v1/projects/churn/gpu", f"junk-{i}"))[0] == 401
+    reviews = len(env.kube.calls("POST", TOKEN_REVIEWS))
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == reviews  # still cached: no new review
+
+
+def test_the_review_budget_is_a_bucket_per_client_with_a_bound_on_reviews_in_flight() -> None:
+    clock = Clock()
+    budget = ReviewBudget(clock, burst=3, per_s=1.0, in_flight=2, max_clients=2)
+    assert budget.acquire("a") is None and budget.acquire("a") is None
+    assert "2 checks" in (budget.acquire("a") or "")  # two in flight already
+    budget.release("a")
+    budget.release("a")
+    assert budget.acquire("a") is None
+    budget.release("a")
+    assert "at most 1 a second" in (budget.acquire("a") or "")  # the burst of 3 is spent
+    clock.now += 1.0
+    assert budget.acquire("a") is None  # one more a second
+    budget.release("a")
+    assert budget.acquire("b") is None  # another client has a bucket of its own
+    assert budget.acquire("c") is None and len(budget) == 2  # the table of clients is bounded
 
 
 async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:
@@ -564,10 +620,10 @@ async def test_python_client_end_to_end(env: Env) -> None:
 
 def test_routes_are_plain_route_defs() -> None:
     class Deny:
-        async def authorize_project(self, token: str | None, namespace: str) -> Any:
+        async def authorize_project(self, token: str | None, namespace: str, *, client: str = "") -> Any:
             raise AssertionError
 
-        async def authorize_admin(self, token: str | None) -> Any:
+        async def authorize_admin(self, token: str | None, *, client: str = "") -> Any:
             raise AssertionError
 
     routes = gpu_api_routes(ClusterState(), None, Deny())

@@ -49,10 +49,10 @@ class LoopbackAuthorizer:
             )
         return LOCAL_USER
 
-    async def authorize_project(self, token: str | None, namespace: str) -> Principal:
+    async def authorize_project(self, token: str | None, namespace: str, *, client: str = "") -> Principal:
         return self._check()
 
-    async def authorize_admin(self, token: str | None) -> Principal:
+    async def authorize_admin(self, token: str | None, *, client: str = "") -> Principal:
         return self._check()
 
     async def authorize_project_for(self, principal: Principal | None, namespace: str) -> Principal:

@@ -69,7 +69,7 @@ _HSTS = {"Strict-Transport-Security": "max-age=31536000"}
 class SignIn(Protocol):
     """Checks a token by TokenReview (`webhook.http.auth.KubeAuthorizer.authenticate`)."""
 
-    def __call__(self, token: str | None) -> Awaitable[Principal]: ...
+    def __call__(self, token: str | None, *, client: str = "") -> Awaitable[Principal]: ...
 
 
 class Reader(Protocol):
@@ -404,7 +404,8 @@ def console_routes(console: Console) -> list[web.RouteDef]:
         response = _see_other(target)
         try:
             token = Sessions.usable(token if isinstance(token, str) else "")
-            principal = await console.sign_in(token)  # TokenReview, as every API call's token gets
+            # TokenReview, as every API call's token gets; this address pays if the token is new.
+            principal = await console.sign_in(token, client=request.remote or "")
             # The session keeps who the token belongs to, never the token.
             console.sessions.put(response, console.sessions.start(principal, token_expiry(token)))
         except NoSessionKeys as exc:

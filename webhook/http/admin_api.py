@@ -84,7 +84,7 @@ ADMIN_API_ACTION = "move projects or delete departments"
 class AdminChecker(Protocol):
     """`webhook.http.auth.KubeAuthorizer` has this shape: token -> principal, or raises (status 401/403/503)."""
 
-    def authorize_admin(self, token: str | None) -> Awaitable[Any]: ...
+    def authorize_admin(self, token: str | None, *, client: str = "") -> Awaitable[Any]: ...
 
 
 def authorize_with(checker: AdminChecker) -> Authorize:
@@ -92,7 +92,7 @@ def authorize_with(checker: AdminChecker) -> Authorize:
     is a write (`AccessCheck("update", "namespaces")`): a move rewrites namespaces and Run:ai projects."""
 
     async def authorize(request: web.Request) -> Any:
-        return await checker.authorize_admin(bearer_token(request))
+        return await checker.authorize_admin(bearer_token(request), client=request.remote or "")
 
     return authorize
 

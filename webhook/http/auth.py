@@ -14,8 +14,13 @@ per request. A revoked token or a removed RoleBinding takes effect within the TT
 Unauthenticated callers can reach all of this, so every cost is bounded: a token that is not a
 well-formed bearer token is refused before any review; each review has a timeout; concurrent
 requests with the same token (or the same access question) share one review, and the table of
-reviews in flight is bounded. A 503 says only that Kubernetes could not answer, never why: the
-apiserver's error text goes to the log.
+reviews in flight is bounded. A token never seen before costs its client (the caller's address)
+part of a budget (webhook.http.review_budget: 20 at once, 5 a second, 8 in flight; past it 429);
+such reviews may fill three quarters of the table at most, and their refusals are cached apart
+from the good answers. So a flood of fresh random tokens neither reaches the apiserver beyond the
+budget nor takes the room or the cache of tokens a TokenReview already accepted (known good for
+an hour). A 503 says only that Kubernetes could not answer, never why: the apiserver's error
+text goes to the log.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
+from webhook.http.review_budget import ReviewBudget
 from webhook.kube.api import KubeError
 from webhook.logsafe import log_safe
 
@@ -49,7 +55,10 @@ MAX_TOKEN_BYTES = 16 * 1024
 # gets a 503 at once instead of waiting with it (the GPU API's callers poll).
 REVIEW_TIMEOUT_S = 5.0
 # Distinct reviews in flight at once; past it, further ones are refused with 503 rather than queued.
+# A quarter is kept for tokens known good (below): a flood of new tokens gets the rest at most.
 MAX_REVIEWS_IN_FLIGHT = 256
+# How long a token a TokenReview accepted counts as known good (longer than any answer is cached).
+KNOWN_GOOD_TTL_S = 3600.0
 
 
 class AuthError(Exception):
@@ -71,6 +80,13 @@ class Unauthenticated(AuthError):
 class Forbidden(AuthError):
     status = 403
     code = "Forbidden"
+
+
+class TooManyNewTokens(AuthError):
+    """This client sent more tokens never seen before than its budget allows (webhook.http.review_budget)."""
+
+    status = 429
+    code = "TooManyNewTokens"
 
 
 class AuthUnavailable(AuthError):
@@ -138,9 +154,9 @@ class ReviewApi(Protocol):
 class Authorizer(Protocol):
     """What the GPU API routes need; raise AuthError subclasses to refuse."""
 
-    async def authorize_project(self, token: str | None, namespace: str) -> Principal: ...
+    async def authorize_project(self, token: str | None, namespace: str, *, client: str = "") -> Principal: ...
 
-    async def authorize_admin(self, token: str | None) -> Principal: ...
+    async def authorize_admin(self, token: str | None, *, client: str = "") -> Principal: ...
 
 
 class TtlLru(Generic[V]):
@@ -190,7 +206,11 @@ class Coalescer(Generic[V]):
     def __len__(self) -> int:
         return len(self._in_flight)
 
-    async def run(self, key: Any, call: Callable[[], Awaitable[V]]) -> V:
+    def __contains__(self, key: Any) -> bool:
+        return key in self._in_flight
+
+    async def run(self, key: Any, call: Callable[[], Awaitable[V]], when_done: Callable[[], None] | None = None) -> V:
+        """`when_done` is called once the call this caller started ends (not when it joins one)."""
         pending = self._in_flight.get(key)
         if pending is None:
             if len(self._in_flight) >= self.max_in_flight:
@@ -200,6 +220,8 @@ class Coalescer(Generic[V]):
             pending.add_done_callback(lambda _: self._in_flight.pop(key, None))
             # Nobody may be left to read an exception when every waiter was cancelled.
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if when_done is not None:
+                pending.add_done_callback(lambda _: when_done())
         # shield: one caller hanging up must not cancel the review the others wait for.
         return await asyncio.shield(pending)
 
@@ -230,6 +252,9 @@ class KubeAuthorizer:
         clock: Callable[[], float] = time.monotonic,
         review_timeout_s: float = REVIEW_TIMEOUT_S,
         max_in_flight: int = MAX_REVIEWS_IN_FLIGHT,
+        reserved_for_known_good: int | None = None,
+        known_good_ttl_s: float = KNOWN_GOOD_TTL_S,
+        budget: ReviewBudget | None = None,
     ) -> None:
         self.kube = kube
         self.project_check = project_check
@@ -239,31 +264,59 @@ class KubeAuthorizer:
         self.ttl_s = ttl_s
         # Refusals are cached for less time: a RoleBinding just added should work soon.
         self.negative_ttl_s = min(negative_ttl_s, ttl_s)
-        self._tokens: TtlLru[Principal | str] = TtlLru(max_entries, clock)
+        # Answers of TokenReviews, good and bad apart: a flood of junk tokens evicts only junk.
+        self._principals: TtlLru[Principal] = TtlLru(max_entries, clock)
+        self._refusals: TtlLru[str] = TtlLru(max_entries, clock)
+        # Tokens a TokenReview said were good, kept long after their answer expired: their next
+        # review draws on room junk cannot take, and on no client's budget.
+        self._known_good: TtlLru[bool] = TtlLru(max_entries, clock)
+        self.known_good_ttl_s = known_good_ttl_s
         self._access: TtlLru[tuple[bool, str]] = TtlLru(max_entries, clock)
         self.review_timeout_s = review_timeout_s
         self._token_reviews: Coalescer[Principal | str] = Coalescer(max_in_flight)
+        reserved = max_in_flight // 4 if reserved_for_known_good is None else reserved_for_known_good
+        self._new_token_limit = max(1, max_in_flight - reserved)
+        self._budget = budget or ReviewBudget(clock)
         self._access_reviews: Coalescer[tuple[bool, str]] = Coalescer(max_in_flight)
 
-    async def authenticate(self, token: str | None) -> Principal:
+    async def authenticate(self, token: str | None, *, client: str = "") -> Principal:
+        """Who `token` belongs to; `client` (the caller's address) pays for reviews of tokens not
+        known to be good."""
         if not token:
             raise Unauthenticated("missing bearer token: send 'Authorization: Bearer <Kubernetes token>'")
         malformed = token_error(token)
         if malformed:
             raise Unauthenticated(malformed)
         key = hashlib.sha256(token.encode()).hexdigest()
-        cached = self._tokens.get(key)
-        if cached is None:
-            cached = await self._token_reviews.run(key, lambda: self._review_token(key, token))
-        if isinstance(cached, str):
-            raise Unauthenticated(cached)
-        return cached
+        principal = self._principals.get(key)
+        if principal is not None:
+            return principal
+        refusal = self._refusals.get(key)
+        if refusal is None:
+            result = await self._token_review(key, token, client)
+            if isinstance(result, Principal):
+                return result
+            refusal = result
+        raise Unauthenticated(refusal)
 
-    async def authorize_project(self, token: str | None, namespace: str) -> Principal:
-        return await self.authorize_project_for(await self.authenticate(token), namespace)
+    async def _token_review(self, key: str, token: str, client: str) -> Principal | str:
+        def review() -> Awaitable[Principal | str]:
+            return self._review_token(key, token)
 
-    async def authorize_admin(self, token: str | None) -> Principal:
-        return await self.authorize_admin_for(await self.authenticate(token))
+        if key in self._token_reviews or self._known_good.get(key):
+            return await self._token_reviews.run(key, review)
+        if len(self._token_reviews) >= self._new_token_limit:
+            raise AuthUnavailable("too many authentication checks in progress; retry shortly")
+        over = self._budget.acquire(client)
+        if over is not None:
+            raise TooManyNewTokens(f"too many new bearer tokens: {over}; retry shortly")
+        return await self._token_reviews.run(key, review, when_done=lambda: self._budget.release(client))
+
+    async def authorize_project(self, token: str | None, namespace: str, *, client: str = "") -> Principal:
+        return await self.authorize_project_for(await self.authenticate(token, client=client), namespace)
+
+    async def authorize_admin(self, token: str | None, *, client: str = "") -> Principal:
+        return await self.authorize_admin_for(await self.authenticate(token, client=client))
 
     # A principal reviewed earlier (the console's session holds one, never the token): asked by
     # SubjectAccessReview with its username, uid, groups and extra, as the apiserver authorizes a
@@ -304,7 +357,11 @@ class KubeAuthorizer:
             log.warning("TokenReview failed: %s", log_safe(f"{type(exc).__name__}: {exc}", 300))
             raise AuthUnavailable("cannot check the bearer token now: the Kubernetes API did not answer") from None
         result = self._principal(review)
-        self._tokens.put(key, result, self.ttl_s if isinstance(result, Principal) else self.negative_ttl_s)
+        if isinstance(result, Principal):
+            self._principals.put(key, result, self.ttl_s)
+            self._known_good.put(key, True, self.known_good_ttl_s)
+        else:
+            self._refusals.put(key, result, self.negative_ttl_s)
         return result
 
     @staticmethod

@@ -281,7 +281,9 @@ class GpuViews:
             namespace = request.match_info["namespace"]
             try:
                 # Authorize before looking the namespace up: a 404 would tell strangers it does not exist.
-                await authorizer.authorize_project(bearer_token(request.headers.get("Authorization")), namespace)
+                await authorizer.authorize_project(
+                    bearer_token(request.headers.get("Authorization")), namespace, client=request.remote or ""
+                )
             except AuthError as exc:
                 return auth_error_response(exc)
             view = await self.project(namespace)
@@ -291,7 +293,9 @@ class GpuViews:
 
         async def runai_admin(request: web.Request) -> web.Response:
             try:
-                await authorizer.authorize_admin(bearer_token(request.headers.get("Authorization")))
+                await authorizer.authorize_admin(
+                    bearer_token(request.headers.get("Authorization")), client=request.remote or ""
+                )
             except AuthError as exc:
                 return auth_error_response(exc)
             view = self.admin(await self.load_left())

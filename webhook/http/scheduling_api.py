@@ -80,7 +80,9 @@ def scheduling_routes(views: GpuViews, authorizer: Authorizer) -> list[web.Route
     async def scheduling(request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
         try:
-            await authorizer.authorize_project(bearer_token(request.headers.get("Authorization")), namespace)
+            await authorizer.authorize_project(
+                bearer_token(request.headers.get("Authorization")), namespace, client=request.remote or ""
+            )
         except AuthError as exc:
             return auth_error_response(exc)
         kind = request.query.get("kind") or None
