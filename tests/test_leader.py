@@ -166,3 +166,27 @@ async def test_another_holder_taking_the_lease_demotes_the_leader(
 def test_timing_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="retry_period_s < renew_deadline_s < lease_duration_s"):
         LeaseTiming(lease_duration_s=1, renew_deadline_s=2, retry_period_s=0.1)
+
+
+async def test_the_successor_names_the_holders_it_took_the_lease_over_from(
+    kube: KubeEmulator, candidates: list[Candidate]
+) -> None:
+    # What lets a new leader resume a dead leader's department move at once (issue 21, item 6).
+    a = await Candidate(kube, "a").start()
+    await wait_until(lambda: a.elector.is_leader, within=3, what="a leads")
+    b = await Candidate(kube, "b").start()
+    candidates.append(b)
+    await asyncio.sleep(0.3)
+    assert b.elector.predecessors == ()
+    await a.stop(release=False)  # killed: the Lease lapses
+    await wait_until(lambda: b.elector.is_leader, within=4, what="b takes over")
+    assert b.elector.predecessors == ("a",)
+
+    c = await Candidate(kube, "c").start()
+    candidates.append(c)
+    await asyncio.sleep(0.3)  # c has seen b hold it
+    await b.stop(release=True)  # a graceful stop releases it: c knows b held it
+    candidates.remove(b)
+    await wait_until(lambda: c.elector.is_leader, within=3, what="c takes over")
+    assert c.elector.predecessors == ("b",)
+    assert a.elector.predecessors == ()  # the first leader took it over from nobody

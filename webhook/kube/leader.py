@@ -10,6 +10,9 @@
   is shorter than the lease duration, so a leader stops before anyone else may take over.
 - A graceful stop releases the Lease (empty holder, duration 1 s) so a successor takes over
   without waiting for the lease to expire.
+- `predecessors` names the holders this process took the Lease over from: each had stopped
+  renewing it for a whole lease duration, or released it on its way out. Work they held (a
+  department move's intent) may be resumed at once.
 
 Only `get`, `create` and `update` are used: what the Role grants on the Lease.
 """
@@ -25,6 +28,7 @@ import random
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +40,9 @@ from webhook.kube.api import KubeConflict, KubeNotFound, Obj, raw_call
 from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+# Predecessors remembered: a few are plenty (each successful takeover adds one).
+MAX_PREDECESSORS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,8 @@ class LeaderElector:
         self._renewed_at = 0.0  # monotonic time our last successful write was sent
         self._task: asyncio.Task[None] | None = None
         self._work: asyncio.Task[None] | None = None
+        self._predecessors: deque[str] = deque(maxlen=MAX_PREDECESSORS)
+        self._released_by = ""  # the holder of a released Lease, as last observed holding it
 
     # -- public -------------------------------------------------------------------------------
     @property
@@ -104,6 +113,11 @@ class LeaderElector:
     def holder(self) -> str | None:
         """The holder as last observed (None: nobody)."""
         return (self._observed or {}).get("holderIdentity") or None
+
+    @property
+    def predecessors(self) -> tuple[str, ...]:
+        """Holders whose Lease this process took over (lapsed or released), oldest first."""
+        return tuple(self._predecessors)
 
     async def start(self) -> None:
         if self._task is None:
@@ -235,6 +249,8 @@ class LeaderElector:
         spec = dict(lease.get("spec") or {})
         self._observe(lease)
         holder = spec.get("holderIdentity") or ""
+        if holder and holder != self.identity:
+            self._released_by = holder  # a release empties the holder: remember who held it
         held_by_me = holder == self.identity
         if holder and not held_by_me:
             lease_s = float(spec.get("leaseDurationSeconds") or duration)
@@ -250,6 +266,10 @@ class LeaderElector:
             updated = await self._call(self.api.replace_namespaced_lease, self.name, self.namespace, body)
         except KubeConflict:
             return False  # another candidate wrote first
+        previous = holder or self._released_by
+        if not held_by_me and previous and previous != self.identity:
+            self._predecessors.append(previous)
+            log.info("lease %s/%s: taken over from %s", self.namespace, self.name, previous)
         self._observe(updated)
         self._renewed_at = sent_at
         return True
