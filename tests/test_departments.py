@@ -34,7 +34,7 @@ from webhook.runai.departments import (
     ProjectBusy,
     UnknownNamespace,
 )
-from webhook.snapshot import DEPARTMENT_LABEL, RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL
+from webhook.snapshot import DEPARTMENT_LABEL, RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL, NamespaceInfo
 from webhook.state.store import ClusterState
 
 SECRET = "standin-client-secret"
@@ -609,3 +609,52 @@ async def test_the_leaders_reconcile_pass_settles_a_move_left_half_done(env: Env
     assert new is not None and env.runai_department_of(new) == "ml"
     assert env.intent("p1") is None
     assert env.labels("p1")[RUNAI_PROJECT_ID_LABEL] == new["id"]
+
+
+# -- a holder proven gone (issue 21, item 6) -----------------------------------------------------
+
+
+async def test_a_move_held_by_a_process_the_lease_was_taken_over_from_is_resumed_at_once(env: Env) -> None:
+    env.project_ns("p1")
+    with pytest.raises(Crash):
+        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+    # Its heartbeat is fresh: another process leaves it alone...
+    assert await env.mover(instance="leader-2").recover("p1") is None
+    # ...unless it took the Lease over from the holder, which proves the holder gone.
+    successor = env.mover(instance="leader-2", holders_gone=lambda: ("replica-1",))
+    outcomes = await successor.recover_all([NamespaceInfo.from_object(env.ns("p1"))])
+    assert [getattr(o, "outcome", None) for o in outcomes] == ["moved"]
+    new = env.runai.project("p1")
+    assert new is not None and env.runai_department_of(new) == "ml" and env.intent("p1") is None
+
+
+@pytest.mark.slow
+async def test_a_live_holder_keeps_its_move_by_its_heartbeat_and_loses_it_once_dead(env: Env) -> None:
+    old = env.project_ns("p1")
+    assert old is not None
+    reached = asyncio.Event()
+
+    async def stall(phase: str) -> None:
+        if phase == "intent":
+            reached.set()
+            await asyncio.Event().wait()  # slow, but alive: only its heartbeat runs
+
+    holder = asyncio.create_task(env.mover(checkpoint=stall, heartbeat_s=0.2).move_project("p1", "ml"))
+    await asyncio.wait_for(reached.wait(), 5)
+    # The heartbeat is written to the second; 2.5 s is five heartbeats plus that rounding.
+    other = env.mover(instance="leader-2", stale_after_s=2.5)
+    watched_until = time.monotonic() + 3.5  # longer than the lapse: only the heartbeat keeps it
+    while time.monotonic() < watched_until:
+        assert await other.recover("p1") is None
+        assert await other.recover_all([NamespaceInfo.from_object(env.ns("p1"))]) == []
+        assert other.next_check_at is not None  # when to look again
+        await asyncio.sleep(0.25)
+    holder.cancel()  # the holder dies: no more heartbeats
+    with contextlib.suppress(asyncio.CancelledError):
+        await holder
+    died = time.monotonic()
+    while (result := await other.recover("p1")) is None:
+        assert time.monotonic() - died < 10, "never taken over"
+        await asyncio.sleep(0.1)
+    assert result.outcome == "abandoned"  # nothing was deleted yet: dropping the intent is the rollback
+    assert old["id"] in env.runai.projects and env.intent("p1") is None

@@ -24,6 +24,7 @@ from webhook.core.moves import (
     RunaiProjectRef,
     Unchanged,
     plan_move,
+    takeover_due,
 )
 from webhook.settings import ClusterSettings
 from webhook.snapshot import (
@@ -198,3 +199,28 @@ def test_messages_say_why() -> None:
     assert same == Unchanged("churn is already in (default)")
     invalid = plan_move(facts(ns, "Bad_Name"))
     assert isinstance(invalid, Refused) and "'Bad_Name' is not a valid name" in invalid.message
+
+
+# -- when a recorded move whose holder may be gone is taken over (issue 21, item 6) --------------
+
+NOW = 1_000_000.0
+TAKEOVER_CASES = [
+    # (holder, heartbeat age s, running here, holders gone, due: "now", "later" or None)
+    ("r1", 1.0, True, (), None),  # the move runs in this process
+    ("r1", 1.0, False, (), "now"),  # this process's own move, cut short here
+    ("dead-leader", 1.0, False, ("dead-leader",), "now"),  # the Lease was taken over from it
+    ("r2", 1.0, False, (), "later"),  # another live holder: once its heartbeat would lapse
+    ("r2", 25.0, False, (), "now"),  # its heartbeat has lapsed: gone
+    ("", 1.0, False, ("",), "later"),  # an empty holder is not "gone" by the Lease
+]
+
+
+@pytest.mark.parametrize(("holder", "age", "running", "gone", "due"), TAKEOVER_CASES)
+def test_takeover_due(holder: str, age: float, running: bool, gone: tuple[str, ...], due: str | None) -> None:
+    at = takeover_due(holder, NOW - age, me="r1", running_here=running, holders_gone=gone, stale_after_s=20.0)
+    if due is None:
+        assert at is None
+    elif due == "now":
+        assert at is not None and at <= NOW
+    else:
+        assert at == NOW - age + 20.0

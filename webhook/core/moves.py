@@ -8,6 +8,8 @@ settle it, `ReadRunaiDepartments` asks for the live department list; then (no bu
 `ReadRunaiProject` asks for the project recorded on the namespace. Each stage calls `plan_move`
 again with what was read.
 
+`takeover_due` decides when a recorded move whose holder may be gone is taken over.
+
 Answers: `Unchanged`, `RelabelOnly` (only the department label changes; the Run:ai project stays
 where it is), `MoveWithIntent` (the Run:ai project moves: record the intent, then delete and
 recreate), `Refused` (nothing changes; `why` says which refusal), or one of the reads above.
@@ -185,3 +187,26 @@ def plan_move(facts: MoveFacts) -> MovePlan:
         )
     old_department = next((d for d in facts.runai_departments if d.id == project.parent_id), None)
     return MoveWithIntent(old_department, new_department)
+
+
+def takeover_due(
+    holder: str,
+    heartbeat_at: float,
+    *,
+    me: str,
+    running_here: bool,
+    holders_gone: Collection[str],
+    stale_after_s: float,
+) -> float | None:
+    """When this process may take over a recorded move (epoch seconds; 0.0: at once), None never.
+
+    Never while the move runs in this process. At once when it names this process (a move cut
+    short here by an error) or a holder proven gone: this process took the leader Lease over from
+    it, so that process stopped renewing it, or released it on its way out. Otherwise once the
+    holder's heartbeat is `stale_after_s` old: a holder that was not the leader shows only by its
+    heartbeat that it is gone."""
+    if running_here:
+        return None
+    if holder == me or (holder and holder in holders_gone):
+        return 0.0
+    return heartbeat_at + stale_after_s

@@ -133,7 +133,9 @@ class RunaiIntegration:
             state,
             runai_departments=self.directory.department_names,
             directory=self.directory,
-            instance=kube_api.instance,
+            # The Lease identity: the successor that takes the Lease over knows this process gone.
+            instance=identity,
+            holders_gone=lambda: self.leader.predecessors,
         )
         self.left = LeftProjects(kube_api)
         self.reconciler = Reconciler(

@@ -7,7 +7,10 @@ cancelled the moment it does not. Work comes from two sources:
   every project namespace that is neither bound nor terminating is bound, every terminating one
   with our finalizer is let go, and bound ones are checked for department drift;
 - namespace watch events (ClusterState listeners): a new project namespace or a deletion is
-  queued and handled within moments. The listener only queues; remote work happens here.
+  queued and handled within moments. The listener only queues; remote work happens here;
+- department moves: a namespace carrying a move's intent is looked at as soon as it is seen, and
+  again when its holder's heartbeat would lapse (`mover.next_check_at`), so a move whose replica
+  died is resumed within moments of that being proven (`webhook.runai.move_recovery`).
 
 Run:ai unreachable: the pass stops early and retries with exponential backoff (capped by the
 interval), and at once when the directory sees Run:ai answer again. Nothing here blocks the
@@ -38,7 +41,7 @@ from webhook.runai.binding import (
 )
 from webhook.runai.directory import RunaiDirectory
 from webhook.runai.left import LEFT_CONFIGMAP, LeftProjects
-from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, LeftProject, NamespaceInfo
+from webhook.snapshot import RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL, LeftProject, NamespaceInfo
 from webhook.state.store import ClusterState
 from webhook.tasks import wait_for_event
 
@@ -58,6 +61,9 @@ class PassReport:
 
 class MoveRecovery(Protocol):
     async def recover_all(self, namespaces: Iterable[NamespaceInfo] | None = None) -> Sequence[object]: ...
+
+    @property
+    def next_check_at(self) -> float | None: ...
 
 
 class ReservationSweeper(Protocol):
@@ -97,12 +103,15 @@ class Reconciler:
         self._failures = 0
         self._retry_at = 0.0  # monotonic: no Run:ai work before this (backoff)
         self._next_pass = 0.0  # monotonic
+        self._moves_due: float | None = None  # monotonic: look at department moves then
 
     # -- event intake (synchronous, no I/O) ----------------------------------------------------
     def on_cluster_event(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         if kind != "Namespace" or event != "apply":
             return
         info = NamespaceInfo.from_object(obj)
+        if RUNAI_MOVE_ANNOTATION in info.annotations:
+            self._moves_soon(time.monotonic())
         finalizers = (obj.get("metadata") or {}).get("finalizers") or ()
         if (info.deleting and FINALIZER in finalizers) or (
             info.is_project and not info.deleting and not info.runai_queue
@@ -120,6 +129,17 @@ class Reconciler:
         self._queue[namespace] = None
         self._wake.set()
 
+    def _moves_soon(self, at: float) -> None:
+        if self._moves_due is None or at < self._moves_due:
+            self._moves_due = at
+            self._wake.set()
+
+    def _schedule_moves(self) -> None:
+        """Look at the moves again when the earliest live holder's heartbeat would lapse."""
+        at = self.mover.next_check_at if self.mover is not None else None
+        if at is not None:
+            self._moves_soon(time.monotonic() + max(0.0, at - time.time()) + 0.1)
+
     def trigger_pass(self) -> None:
         """Run a full pass soon (settings changed)."""
         self._next_pass = 0.0
@@ -135,6 +155,13 @@ class Reconciler:
             while True:
                 self._wake.clear()
                 now = time.monotonic()
+                if self._moves_due is not None and now >= max(self._moves_due, self._retry_at):
+                    self._moves_due = None
+                    try:
+                        await self._recover_moves()
+                    except Exception:
+                        log.exception("department move recovery failed")
+                    continue
                 if now >= self._retry_at and (now >= self._next_pass or self._queue):
                     try:
                         if now >= self._next_pass:
@@ -147,6 +174,8 @@ class Reconciler:
                         self._backoff()
                     continue
                 due = max(self._retry_at, now if self._queue else self._next_pass)
+                if self._moves_due is not None:
+                    due = min(due, max(self._retry_at, self._moves_due))
                 await wait_for_event(self._wake, max(0.0, due - now))
         finally:
             with contextlib.suppress(ValueError):
@@ -185,6 +214,7 @@ class Reconciler:
                 if self.mover is not None:
                     # A move whose holder died (e.g. the previous leader) is finished or rolled back.
                     await self.mover.recover_all(list(self.state.namespaces.values()))
+                    self._schedule_moves()
                 for info in list(self.state.namespaces.values()):
                     if info.is_project and not info.deleting and not info.runai_queue:
                         await self._bind(info.name, report)
@@ -197,6 +227,12 @@ class Reconciler:
             await self.sweeper.sweep(time.time())
         self.last_report = report
         return report
+
+    async def _recover_moves(self) -> None:
+        if self.mover is None or not self.state.settings.run_ai_enable:
+            return
+        await self.mover.recover_all(list(self.state.namespaces.values()))
+        self._schedule_moves()
 
     async def _full_pass(self) -> None:
         if self.state.synced and not self.state.ready():
