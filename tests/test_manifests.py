@@ -43,7 +43,7 @@ LATER_MUTATORS = (
     "runai-node-affinity",
     "runai-admission-controller",
 )
-SERVER_PATHS = {"/mutate/pods", "/validate/pods", "/validate/workloads", "/validate/settings"}
+SERVER_PATHS = {"/mutate/pods", "/mutate/workloads", "/validate/pods", "/validate/workloads", "/validate/settings"}
 CLUSTER_SCOPED = (
     "Namespace",
     "ValidatingAdmissionPolicy",
@@ -57,6 +57,7 @@ POD_HOOKS = (
     "mutate-pods.scheduling.hopsworks.ai",
     "validate-pods.scheduling.hopsworks.ai",
     "validate-workloads.scheduling.hopsworks.ai",
+    "mutate-workloads.scheduling.hopsworks.ai",
 )
 
 
@@ -455,6 +456,8 @@ def test_quota_and_scheduling_fail_closed(rendered: list[dict[str, Any]]) -> Non
     assert hooks["mutate-pods.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
     assert hooks["validate-pods.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
     assert hooks["validate-settings.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+    # A Job let through without its queue label would run outside Kueue's quota.
+    assert hooks["mutate-workloads.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
 
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
@@ -506,7 +509,10 @@ def test_workload_webhook_covers_pod_owners(rendered: list[dict[str, Any]]) -> N
     hook = webhooks(rendered)["validate-workloads.scheduling.hopsworks.ai"]
     covered = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     assert {("apps", "deployments"), ("apps", "statefulsets"), ("batch", "jobs")} <= covered
-    assert all(set(rule["operations"]) == {"CREATE", "UPDATE"} for rule in hook["rules"])
+    for rule in hook["rules"]:
+        # A scale has no template: only its UPDATE can change what a Kueue pod group holds.
+        scale = rule["resources"] == ["deployments/scale"]
+        assert set(rule["operations"]) == ({"UPDATE"} if scale else {"CREATE", "UPDATE"}), rule
 
 
 # -- Deployment, Service, PDB ------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def expressions(stored: Obj) -> list[tuple[str, str, tuple[str, ...]]]:
 
 async def test_the_install_applies_and_reapplies(cluster: Cluster) -> None:
     mutating = await cluster.get("mutatingwebhookconfiguration", "0-hopsworks-scheduling-webhook")
-    assert [w["name"] for w in mutating["webhooks"]] == [MUTATE]
+    assert [w["name"] for w in mutating["webhooks"]] == [MUTATE, "mutate-workloads.scheduling.hopsworks.ai"]
     validating = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
     assert VALIDATE_PODS in [w["name"] for w in validating["webhooks"]]
     assert (await cluster.get("deploy", "scheduling-webhook", INSTALL_NS))["spec"]["replicas"] >= 2

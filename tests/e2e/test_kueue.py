@@ -1,0 +1,305 @@
+"""S4 against the real Kueue v0.17.0 (its manager, CRDs and webhook configurations, see
+tests/support/control_plane/kueue.py), the real Job, Deployment and ReplicaSet controllers,
+kube-scheduler and kwok's nodes: the product with `kueue_installed: "true"` and Run:ai off.
+
+- A Job created without a queue label is queued through the project's LocalQueue: ours labels the
+  Job at its CREATE, Kueue's job webhook suspends it, Kueue admits its Workload and the pods run in
+  the topology domain Kueue assigned.
+- A 3-replica Deployment choosing `host` is one Kueue pod group: one Workload, one domain, one node.
+- A wrong queue or unit, or a namespace without a LocalQueue, is refused at `kubectl apply` with
+  what to change, instead of pods gated for good.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.conftest import Cluster, Obj, broken_install
+from tests.support.control_plane.install import Install
+from tests.support.control_plane.kueue import (
+    Kueue,
+    cluster_queue,
+    kueue_running,
+    local_queue,
+    resource_flavor,
+    topology,
+)
+
+pytestmark = pytest.mark.slow
+
+IMAGE = "registry.example/model:1.0"
+QUEUE = "kueue.x-k8s.io/queue-name"
+CHOICE = "scheduling.hopsworks.ai/topology"
+REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+GROUP = "kueue.x-k8s.io/pod-group-name"
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+
+
+@pytest.fixture(scope="module")
+def kueue(local_install: Install) -> Iterator[Kueue]:
+    cp = local_install.cp
+    with kueue_running(cp, cp.dir / "kueue") as running:
+        cp.apply([
+            topology(), resource_flavor("tas", "default"), cluster_queue("cq", "tas"),
+            # A Topology without hosts: a queue whose units stop at the zone.
+            topology("zonal", ("topology.kubernetes.io/region", ZONE)), resource_flavor("zonal", "zonal"),
+            cluster_queue("cq-zonal", "zonal"),
+        ])  # fmt: skip
+        # The replicas list Kueue's kinds again (a CRD missing at start is listed once a minute).
+        local_install.scale(0)
+        local_install.scale(2)
+        yield running
+
+
+# The projects' default queue. Not "default": Kueue itself labels workloads with a LocalQueue named
+# "default" when there is one (LocalQueueDefaulting), and the tests must see our labels, not Kueue's.
+TEAM = "team"
+
+
+async def kueue_project(cluster: Cluster, kueue: Kueue, prefix: str, queues: dict[str, str] | None = None) -> str:
+    """A project namespace with LocalQueues (name -> ClusterQueue), once both replicas know them."""
+    await cluster.settings(kueue_installed="true", run_ai_enable="false", kueue_project_default_local_queue=TEAM)
+    project = await cluster.project(prefix)
+    queues = {TEAM: "cq"} if queues is None else queues
+    if queues:
+        await cluster.apply(*[local_queue(project, name, cq) for name, cq in queues.items()])
+    probe = job("probe", project, labels={QUEUE: next(iter(queues))} if queues else None)
+
+    async def admitted_twice() -> bool:
+        # Both replicas (the apiserver picks either) must admit a queued Job: caches and settings synced.
+        for _ in range(4):
+            result = await cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(probe))
+            if result.rc != 0:
+                return False
+        return True
+
+    if queues:
+        await cluster.eventually(admitted_twice, "the LocalQueues in both replicas' caches", 60)
+    return project
+
+
+def job(
+    name: str,
+    namespace: str,
+    *,
+    labels: dict[str, str] | None = None,
+    unit: str | None = None,
+    parallelism: int = 2,
+    cpu: str = "1",
+) -> Obj:
+    annotations = {CHOICE: unit} if unit else {}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+        "spec": {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
+                 "template": {"metadata": {"annotations": annotations},
+                              "spec": {"restartPolicy": "Never",
+                                       "containers": [{"name": "main", "image": IMAGE,
+                                                       "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}},
+    }  # fmt: skip
+
+
+def deployment(
+    name: str, namespace: str, replicas: int, *, unit: str | None, strategy: str = "Recreate", cpu: str = "1"
+) -> Obj:
+    annotations = {CHOICE: unit} if unit else {}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "strategy": {"type": strategy}, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name, "hopsworks.ai/workload-type": "deployment"},
+                                           "annotations": annotations},
+                              "spec": {"containers": [{"name": "main", "image": IMAGE,
+                                                       "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}},
+    }  # fmt: skip
+
+
+def workloads(items: list[Obj], owner_kind: str) -> list[Obj]:
+    return [w for w in items if any(r.get("kind") == owner_kind for r in w["metadata"].get("ownerReferences", []))]
+
+
+def topology_domains(workload: Obj) -> list[list[str]]:
+    """The domains (a value per level of `levels`, coarsest first) of the Workload's first PodSet."""
+    assignment = workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+    domains: list[list[str]] = []
+    for piece in assignment["slices"]:  # v1beta2: slices of domains, a value or values per level
+        count = int(piece["domainCount"])
+        per_level = []
+        for level in piece["valuesPerLevel"]:
+            if "universal" in level:
+                per_level.append([str(level["universal"])] * count)
+            else:
+                one = level["individual"]
+                per_level.append([f"{one.get('prefix', '')}{r}{one.get('suffix', '')}" for r in one["roots"]])
+        domains += [[values[i] for values in per_level] for i in range(count)]
+    return domains
+
+
+async def test_a_job_without_a_queue_label_is_queued_and_admitted_by_kueue(cluster: Cluster, kueue: Kueue) -> None:
+    # Held first, so that the Job is seen suspended and pending; then released.
+    await cluster.apply({**cluster_queue("cq-held", "tas"), "spec": {**cluster_queue("cq-held", "tas")["spec"],
+                                                                    "stopPolicy": "Hold"}})  # fmt: skip
+    project = await kueue_project(cluster, kueue, "kjob", {TEAM: "cq-held"})
+    await cluster.apply(job("train", project, unit="host"))
+    stored = await cluster.get("job", "train", project)
+    assert stored["metadata"]["labels"][QUEUE] == TEAM
+    assert stored["spec"]["suspend"] is True, "Kueue's job webhook did not suspend the Job"
+    assert stored["spec"]["template"]["metadata"]["annotations"][REQUIRED] == HOSTNAME
+    pending = await cluster.eventually(lambda: cluster.list("workloads.kueue.x-k8s.io", project), "its Workload", 30)
+    (workload,) = workloads(pending, "Job")
+    assert workload["spec"]["queueName"] == TEAM
+    assert not (workload.get("status") or {}).get("admission"), workload["status"]
+    assert await cluster.list("pods", project) == []
+
+    await cluster.ok("patch", "clusterqueue", "cq-held", "--type=merge", "-p", '{"spec":{"stopPolicy":"None"}}')
+
+    async def admitted() -> Obj | None:
+        items = workloads(await cluster.list("workloads.kueue.x-k8s.io", project), "Job")
+        return items[0] if items and (items[0].get("status") or {}).get("admission") else None
+
+    workload = await cluster.eventually(admitted, "the Workload admitted", 60)
+    assert workload["status"]["admission"]["clusterQueue"] == "cq-held"
+    domains = topology_domains(workload)
+    assert len(domains) == 1, domains
+    host = domains[0][-1]
+    assert (await cluster.get("job", "train", project))["spec"]["suspend"] is False
+
+    async def placed() -> list[Obj] | None:
+        pods = await cluster.list("pods", project, "-l", "job-name=train")
+        return pods if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods) else None
+
+    pods = await cluster.eventually(placed, "both pods on a node", 60)
+    assert {p["spec"]["nodeName"] for p in pods} == {host}, (host, [p["spec"] for p in pods])
+    for pod in pods:
+        assert pod["metadata"]["annotations"][REQUIRED] == HOSTNAME
+
+
+async def test_three_replicas_choosing_host_land_on_one_host(cluster: Cluster, kueue: Kueue) -> None:
+    project = await kueue_project(cluster, kueue, "kdep")
+    start = time.monotonic()
+    await cluster.apply(deployment("model", project, 3, unit="host"))
+
+    async def running() -> list[Obj] | None:
+        pods = await cluster.list("pods", project, "-l", "app=model")
+        ok = len(pods) == 3 and all(p.get("status", {}).get("phase") == "Running" for p in pods)
+        return pods if ok else None
+
+    pods = await cluster.eventually(running, "3 pods Running", 90)
+    elapsed = time.monotonic() - start
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    groups = {p["metadata"]["labels"].get(GROUP) for p in pods}
+    assert len(nodes) == 1, nodes
+    assert len(groups) == 1 and None not in groups, groups
+    (workload,) = [w for w in await cluster.list("workloads.kueue.x-k8s.io", project)]
+    assert workload["spec"]["podSets"][0]["count"] == 3
+    domains = topology_domains(workload)
+    assert len(domains) == 1 and domains[0][-1] in nodes, domains
+    print(f"\n3 replicas choosing host: nodes {sorted(nodes)}, Workload {workload['metadata']['name']} domains "
+          f"{domains}, {elapsed:.1f} s from kubectl apply to all Running")  # fmt: skip
+
+
+async def test_wrong_queues_and_units_are_refused_at_apply(cluster: Cluster, kueue: Kueue) -> None:
+    project = await kueue_project(cluster, kueue, "kref", {TEAM: "cq", "zonal": "cq-zonal"})
+    cases = [
+        (job("nope", project, labels={QUEUE: "nope"}), ("queue nope", "team, zonal")),
+        (job("rack", project, unit="rack"), ("topology rack is not a topology unit",)),
+        (job("host", project, labels={QUEUE: "zonal"}, unit="host"),
+         ("topology host", "is not a level of the Topology behind queue zonal", "it offers: zone, region")),
+        (deployment("rolling", project, 3, unit="host", strategy="RollingUpdate"),
+         ("one Kueue pod group", "spec.strategy.type: Recreate")),
+    ]  # fmt: skip
+    for obj, parts in cases:
+        stderr = await cluster.refused("apply", "-f", "-", stdin=json.dumps(obj))
+        for part in parts:
+            assert part in stderr, stderr
+    empty = await kueue_project(cluster, kueue, "knone", {})
+    stderr = await cluster.refused("apply", "-f", "-", stdin=json.dumps(job("train", empty)))
+    assert f"namespace {empty} has no Kueue LocalQueue" in stderr and f"create LocalQueue {TEAM}" in stderr, stderr
+    assert await cluster.list("jobs", project) == [] and await cluster.list("deployments", project) == []
+
+
+def notebook(name: str, namespace: str, unit: str) -> Obj:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"},
+                     "annotations": {CHOICE: unit}},
+        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": "1"}}}]},
+    }  # fmt: skip
+
+
+async def running_pods(cluster: Cluster, namespace: str, selector: str, count: int) -> list[Obj] | None:
+    pods = await cluster.list("pods", namespace, "-l", selector)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ok = len(live) == count and all(p.get("status", {}).get("phase") == "Running" for p in live)
+    return live if ok else None
+
+
+async def test_a_notebook_choosing_host_is_admitted_alone(cluster: Cluster, kueue: Kueue) -> None:
+    project = await kueue_project(cluster, kueue, "knb")
+    await cluster.apply(notebook("nb", project, "host"))
+    stored = await cluster.get("pod", "nb", project)
+    assert stored["metadata"]["labels"][QUEUE] == TEAM
+    assert stored["metadata"]["labels"]["kueue.x-k8s.io/managed"] == "true", "Kueue's pod webhook did not gate it"
+    assert GROUP not in stored["metadata"]["labels"], "a single pod needs no group"
+    await cluster.eventually(lambda: running_pods(cluster, project, "hopsworks.ai/workload-type=notebook", 1),
+                             "the notebook Running", 60)  # fmt: skip
+    (workload,) = await cluster.list("workloads.kueue.x-k8s.io", project)
+    assert workload["spec"]["podSets"][0]["count"] == 1
+
+
+async def test_replicas_choosing_zone_share_one_zone_across_nodes(cluster: Cluster, kueue: Kueue) -> None:
+    project = await kueue_project(cluster, kueue, "kzone")
+    # 20 CPUs each: no node (32) holds two, so the group spreads over the nodes of one zone.
+    await cluster.apply(deployment("wide", project, 2, unit="zone", cpu="20"))
+    pods = await cluster.eventually(lambda: running_pods(cluster, project, "app=wide", 2), "2 pods Running", 90)
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    zones = {(await cluster.get("node", n))["metadata"]["labels"][ZONE] for n in nodes}
+    assert len(nodes) == 2 and len(zones) == 1, (nodes, zones)
+
+
+async def test_a_grouped_deployment_scales_by_its_spec_and_keeps_its_group(cluster: Cluster, kueue: Kueue) -> None:
+    project = await kueue_project(cluster, kueue, "kscale")
+    await cluster.apply(deployment("model", project, 2, unit="host"))
+    first = await cluster.eventually(lambda: running_pods(cluster, project, "app=model", 2), "2 pods Running", 90)
+    stderr = await cluster.refused("scale", "deployment", "model", "-n", project, "--replicas=3")
+    assert "change spec.replicas in the Deployment itself" in stderr, stderr
+    await cluster.ok("patch", "deployment", "model", "-n", project, "--type=merge", "-p", '{"spec":{"replicas":3}}')
+
+    async def regrouped() -> list[Obj] | None:
+        pods = await running_pods(cluster, project, "app=model", 3)
+        groups = {p["metadata"]["labels"].get(GROUP) for p in pods or []}
+        return pods if pods and len(groups) == 1 and groups != {first[0]["metadata"]["labels"][GROUP]} else None
+
+    pods = await cluster.eventually(regrouped, "3 pods Running in a new group", 90)
+    assert len({p["spec"]["nodeName"] for p in pods}) == 1
+    # A deleted pod: the ReplicaSet replaces it in the same group, which stays admitted.
+    await cluster.ok("delete", "pod", pods[0]["metadata"]["name"], "-n", project, "--wait=false")
+
+    async def replaced() -> list[Obj] | None:
+        now = await running_pods(cluster, project, "app=model", 3)
+        names = {p["metadata"]["name"] for p in now or []}
+        return now if now and pods[0]["metadata"]["name"] not in names else None
+
+    after = await cluster.eventually(replaced, "the deleted pod replaced and Running", 90)
+    assert {p["metadata"]["labels"][GROUP] for p in after} == {pods[1]["metadata"]["labels"][GROUP]}
+
+
+async def test_our_webhook_after_kueues_leaves_pods_ungated_and_they_are_refused(
+    cluster: Cluster, kueue: Kueue
+) -> None:
+    local = cluster.needs_local("re-applies the install's webhook configurations")
+    project = await kueue_project(cluster, kueue, "korder")
+
+    def after_kueue(objects: list[Obj]) -> None:
+        for obj in objects:
+            if obj["kind"] == "MutatingWebhookConfiguration":
+                obj["metadata"]["name"] = "zz-hopsworks-scheduling-webhook"
+
+    with broken_install(local, after_kueue):
+        stderr = await cluster.refused("apply", "-f", "-", stdin=json.dumps(notebook("late", project, "host")))
+    assert "Kueue's pod integration is not acting on it" in stderr, stderr
+    assert "must sort before Kueue's" in stderr, stderr
