@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 
 from tests.support.cluster import (
+    kueue_setup,
+    local_queue,
     namespace,
     priority_class,
     runai_admission_objects,
@@ -166,3 +168,35 @@ async def test_with_runai_on_an_unseen_bound_namespace_is_decided_by_both_webhoo
         assert not over["allowed"] and over["status"]["reason"] == "GpuQuotaExceeded", over
         assert replica.knows("quota")
     assert not any(r.runtime.state.namespaces["gpus"].moving for r in env.replicas)
+
+
+async def test_with_kueue_on_a_job_of_an_unseen_namespace_still_gets_its_queue(env: Env) -> None:
+    # A Job passed as no project's would run outside Kueue's quota: its namespace is read too.
+    env.emu.put_object(settings_configmap(INSTALL_NS, kueue_installed=True))
+    for obj in kueue_setup():
+        env.emu.create_object(obj)
+    await wait_until(lambda: all(r.runtime.state.settings.kueue_installed for r in env.replicas), within=10,
+                     what="Kueue on")  # fmt: skip
+    env.emu.hold_watch_events("Namespace")
+    env.emu.create_object(namespace("batch"))
+    env.emu.create_object(local_queue("batch", "default"))
+    await wait_until(lambda: all("batch" in r.runtime.state.local_queue_info for r in env.replicas), within=10,
+                     what="the LocalQueue cached")  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": "batch"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "x"}]}}},
+    }
+    request = {"uid": "job-1", "kind": {"group": "batch", "version": "v1", "kind": "Job"},
+               "resource": {"group": "batch", "version": "v1", "resource": "jobs"}, "namespace": "batch",
+               "name": "train", "operation": "CREATE", "object": job}  # fmt: skip
+    for replica in env.replicas:
+        assert not replica.knows("batch")
+        answer = await replica.review(
+            "/mutate/workloads", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        )
+        assert answer["allowed"], answer
+        assert "/metadata/labels" in _paths(answer) or "/metadata/labels/kueue.x-k8s.io~1queue-name" in _paths(answer)
+        assert answer["auditAnnotations"]["queue"] == "default"
+        assert replica.knows("batch")

@@ -76,6 +76,15 @@ def owner_request(request: Mapping[str, Any]) -> OwnerRequest | None:
     return OwnerRequest(key[1], name, obj, old, controller)
 
 
+def unseen_owner_namespace(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> str | None:
+    """The namespace of an owner write this rule reads that the snapshot has no record of: the
+    apiserver sends them only from project namespaces, so it is one this replica has not seen yet."""
+    if owner_request(request) is None:
+        return None
+    name = request_namespace(request)
+    return name if name and name not in snapshot.namespaces else None
+
+
 def _replicas(obj: Mapping[str, Any]) -> int:
     value = _map(obj.get("spec")).get("replicas", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1

@@ -20,13 +20,14 @@ from typing import Any
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
-from webhook.core.owners import mutate_owner
+from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, unseen_namespace
 from webhook.core.workloads import validate_workload
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
 from webhook.runai.admission import Bind, mutate_pods_handler
+from webhook.snapshot import ClusterSnapshot
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ def admission_handlers(
     return {
         # Binding on a first start happens in the mutating phase, so Run:ai's webhooks see the pod.
         "/mutate/pods": reading_unseen_namespaces(state, read, mutate_pods_handler(state, cluster.bind)),
-        "/mutate/workloads": owners_handler(state),
+        # A Job let through as no project's would run outside Kueue: its namespace is read too.
+        "/mutate/workloads": reading_unseen_namespaces(state, read, owners_handler(state), unseen_owner_namespace),
         "/validate/pods": reading_unseen_namespaces(
             state, read, validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup)
         ),
@@ -73,12 +75,18 @@ def admission_handlers(
     }
 
 
-def reading_unseen_namespaces(state: ClusterState, read: ReadNamespace, handler: AdmissionHandler) -> AdmissionHandler:
+def reading_unseen_namespaces(
+    state: ClusterState,
+    read: ReadNamespace,
+    handler: AdmissionHandler,
+    unseen: Callable[[Mapping[str, Any], ClusterSnapshot], str | None] = unseen_namespace,
+) -> AdmissionHandler:
     """`handler`, after the pod's namespace is in the cache: read it when the watch has not shown
-    it yet, or refuse the pod with a retryable 503 when it cannot be read."""
+    it yet, or refuse the pod with a retryable 503 when it cannot be read. `unseen` says which
+    requests' namespaces count (a pod CREATE's; `core.owners` says it for Jobs and Deployments)."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
-        namespace = unseen_namespace(request, state.snapshot())
+        namespace = unseen(request, state.snapshot())
         if namespace is not None:
             try:
                 await read(namespace)
