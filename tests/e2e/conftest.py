@@ -31,7 +31,7 @@ import yaml
 
 from tests.support import peers
 from tests.support.control_plane.cluster import ControlPlane, control_plane
-from tests.support.control_plane.install import INSTALL_NS, SETTINGS, Install, installed
+from tests.support.control_plane.install import INSTALL_NS, SERVICE_ACCOUNT_USER, SETTINGS, Install, installed
 
 KUBECONFIG_ENV = "SCHEDULING_WEBHOOK_E2E_KUBECONFIG"  # a cluster with the install
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -142,7 +142,7 @@ def real_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     # Not under pytest's basetemp (kept for three runs): teardown leaves no folder behind.
     dir = Path(tempfile.mkdtemp(prefix="swh-control-plane-"))
     try:
-        with control_plane(dir) as cp:
+        with control_plane(dir, audited_users=(SERVICE_ACCOUNT_USER,)) as cp:
             version = cp.kubectl("version").stdout.replace("\n", "; ")
             timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
             _report(

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from tests.support import peers
+from tests.support.control_plane.audit import AuditLog, write_policy
 from tests.support.control_plane.pki import ClientCert, Pki, client_cert, make_pki
 from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
@@ -111,6 +112,7 @@ class ControlPlane:
     admin_kubeconfig: Path
     kubectl_bin: Path
     nodes: tuple[FakeNode, ...]
+    audit: AuditLog  # what the audited users did, as the apiserver recorded it
     processes: dict[str, Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds to ready, per component
 
@@ -174,8 +176,11 @@ def _http_ok(url: str) -> bool:
         return bool(resp.status == 200)
 
 
-def start_control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> ControlPlane:
-    """Start everything and wait until it serves; on any failure stop what started and raise."""
+def start_control_plane(
+    dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()
+) -> ControlPlane:
+    """Start everything and wait until it serves; on any failure stop what started and raise.
+    The requests of `audited_users` go to the audit log (`cp.audit`)."""
     binaries = {name: peers.binary(name) for name in
                 ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
     stages = peers.share("kwok/stage")
@@ -203,7 +208,9 @@ def start_control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) ->
         return cert_kubeconfig(name, client_cert(pki, name, user, groups))
 
     admin_kubeconfig = cert_kubeconfig("admin", admin)
-    cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes))
+    audit_policy = write_policy(dir / "audit-policy.yaml", audited_users)
+    audit = AuditLog(logs / "audit.jsonl")
+    cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes), audit)
     t0 = time.monotonic()
 
     def started(name: str, proc: Process) -> Process:
@@ -237,6 +244,7 @@ def start_control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) ->
             f"--service-account-key-file={pki.sa_pub_file}",
             f"--service-account-signing-key-file={pki.sa_key_file}",
             "--profiling=false",
+            f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit.path}",
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
@@ -326,8 +334,8 @@ def _default_service_account(cp: ControlPlane) -> bool:
 
 
 @contextlib.contextmanager
-def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> Any:
-    cp = start_control_plane(dir, nodes)
+def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()) -> Any:
+    cp = start_control_plane(dir, nodes, audited_users)
     try:
         yield cp
     finally:

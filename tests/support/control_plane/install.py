@@ -43,6 +43,8 @@ from webhook.tls.issuing import CertKey, make_ca, make_serving_cert
 Obj = dict[str, Any]
 INSTALL_NS = "hopsworks"
 SERVICE = "scheduling-webhook"
+SERVICE_ACCOUNT = "scheduling-webhook"
+SERVICE_ACCOUNT_USER = f"system:serviceaccount:{INSTALL_NS}:{SERVICE_ACCOUNT}"  # who the replicas are
 SETTINGS = "hopsworks-cluster-settings"
 TLS_SECRET = "scheduling-webhook-tls"
 RUNAI_SECRET_NAME = "runai-hopsworks"
@@ -167,6 +169,12 @@ class Install:
         self.cp.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=test", "-f", "-",
                         input=yaml.safe_dump(lease))  # fmt: skip
         time.sleep(3)  # a leader notices at its next renewal (every 2 s) and stops leading
+
+    def service_account_kubeconfig(self) -> Path:
+        """A kubeconfig with a TokenRequest token of the replicas' own ServiceAccount: the test
+        acts exactly as the server does (same user, same RBAC, same admission policies)."""
+        token = self.cp.token(INSTALL_NS, SERVICE_ACCOUNT, "1h")
+        return self.cp.token_kubeconfig(self.dir / "service-account.kubeconfig", token)
 
     def release_leadership(self) -> None:
         self.cp.kubectl("delete", "lease", LEASE, "-n", INSTALL_NS, "--ignore-not-found")
