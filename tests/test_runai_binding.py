@@ -394,35 +394,6 @@ async def test_project_is_bound_on_its_first_workload_start(
 # ---- What Hopsworks does: project deletion -------------------------------------------------------
 
 
-async def test_deleting_a_project_deletes_the_runai_project_hopsworks_created(
-    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
-) -> None:
-    put_settings(kube, runai)
-    await replicas()
-    kube.create_object(namespace("lambda"))
-    await wait_until(lambda: bound(kube, "lambda"), within=5, what="bound")
-    [project] = projects_named(runai, "lambda")
-    kube.delete_object("Namespace", "lambda")
-    await wait_until(lambda: kube.get_object("Namespace", "lambda") is None, within=5, what="namespace gone")
-    assert project["id"] not in runai.projects
-    assert len(runai.calls("DELETE", f"/api/v1/org-unit/projects/{project['id']}")) == 1
-    await wait_until(lambda: events(kube, "RunaiProjectDeleted", "lambda"), within=2, what="deleted event")
-
-
-async def test_deleting_a_project_leaves_an_adopted_runai_project_in_place(
-    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
-) -> None:
-    adopted = runai.add_project("shared-queue", namespace="mu")
-    put_settings(kube, runai)
-    await replicas()
-    kube.create_object(namespace("mu"))
-    await wait_until(lambda: bound(kube, "mu"), within=5, what="bound")
-    kube.delete_object("Namespace", "mu")
-    await wait_until(lambda: kube.get_object("Namespace", "mu") is None, within=5, what="namespace gone")
-    assert adopted["id"] in runai.projects
-    assert not runai.calls("DELETE")
-
-
 async def test_deleting_a_project_with_202_accepted_counts_as_deleted(
     kube: KubeEmulator, secret_dir: Path, replicas: Callable[..., Any]
 ) -> None:
@@ -579,41 +550,6 @@ async def test_runai_url_change_rebuilds_the_client(
 def left_records(kube: KubeEmulator) -> dict[str, dict[str, Any]]:
     cm = kube.get_object("ConfigMap", "runai-projects-left", INSTALL_NS) or {}
     return {k: json.loads(v) for k, v in (cm.get("data") or {}).items()}
-
-
-async def test_turned_off_namespace_deletion_completes_and_records_the_runai_project_left(
-    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
-) -> None:
-    put_settings(kube, runai)
-    await replicas()
-    kube.create_object(namespace("phi"))
-    runai.add_project("phi-adopted", namespace="chi")
-    kube.create_object(namespace("chi"))
-    await wait_until(lambda: bound(kube, "phi") and bound(kube, "chi"), within=5, what="bound")
-    [project] = projects_named(runai, "phi")
-    put_settings(kube, runai, run_ai_enable=False)
-    await asyncio.sleep(0.3)  # let the replica see the settings (the assertions below are on state)
-    count = len(runai.requests)
-    kube.delete_object("Namespace", "phi")
-    kube.delete_object("Namespace", "chi")
-    # Neither waits: Run:ai is off, so nothing is deleted there, and what was ours is written down.
-    await wait_until(
-        lambda: kube.get_object("Namespace", "chi") is None and kube.get_object("Namespace", "phi") is None,
-        within=5,
-        what="both gone",
-    )
-    assert len(runai.requests) == count  # no call while off
-    assert project["id"] in runai.projects
-    assert left_records(kube) == {
-        "phi": {
-            "runaiProject": "phi",
-            "runaiProjectId": project["id"],
-            "deletedAt": left_records(kube)["phi"]["deletedAt"],
-        }
-    }
-    await wait_until(lambda: events(kube, "RunaiProjectLeft", "phi"), within=3, what="left event")
-    assert project["id"] in events(kube, "RunaiProjectLeft", "phi")[0]["message"]
-    assert events(kube, "RunaiProjectLeft", "chi") == []  # adopted: nothing of ours was left
 
 
 async def test_turned_back_on_deletes_the_project_left_behind_unless_the_namespace_came_back(
