@@ -658,3 +658,16 @@ async def test_a_live_holder_keeps_its_move_by_its_heartbeat_and_loses_it_once_d
         await asyncio.sleep(0.1)
     assert result.outcome == "abandoned"  # nothing was deleted yet: dropping the intent is the rollback
     assert old["id"] in env.runai.projects and env.intent("p1") is None
+
+
+async def test_a_cache_older_than_the_holders_heartbeat_still_says_when_to_look_again(env: Env) -> None:
+    env.project_ns("p1")
+    with pytest.raises(Crash):
+        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+    intent = env.intent("p1")
+    assert intent is not None
+    stale = {**intent, "heartbeat": "2026-01-01T00:00:00Z"}  # what a lagging cache may still show
+    cached = namespace_obj("p1", annotations={MOVE_ANNOTATION: json.dumps(stale)})
+    other = env.mover(instance="leader-2")
+    assert await other.recover_all([NamespaceInfo.from_object(cached)]) == []  # the API's is fresh
+    assert other.next_check_at is not None and other.next_check_at > time.time()

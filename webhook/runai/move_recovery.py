@@ -55,6 +55,7 @@ class MoveRecoverer:
         self._clock = clock
         # When the earliest move seen held by a live holder may be taken over (epoch seconds).
         self.next_check_at: float | None = None
+        self._next_check: float | None = None  # being gathered by the pass under way
 
     def _due(self, intent: MoveIntent, namespace: str) -> float | None:
         return takeover_due(
@@ -77,6 +78,8 @@ class MoveRecoverer:
             return None
         due = self._due(intent, namespace)
         if due is None or due > self._clock():
+            if due is not None:
+                self._check_by(due)  # the cache showed an older heartbeat than the API has
             return None
         async with self._records.holding(namespace):
             try:
@@ -96,7 +99,7 @@ class MoveRecoverer:
         else:
             candidates = list(namespaces)
         now = self._clock()
-        next_check: float | None = None
+        self._next_check = None
         outcomes: list[MoveResult | MoveError] = []
         for ns in candidates:
             raw = ns.annotations.get(MOVE_ANNOTATION)
@@ -111,7 +114,7 @@ class MoveRecoverer:
                 if due is None:
                     continue
                 if due > now:
-                    next_check = due if next_check is None else min(next_check, due)
+                    self._check_by(due)
                     continue
             try:
                 result = await self.recover(ns.name)
@@ -124,5 +127,8 @@ class MoveRecoverer:
             else:
                 if result is not None:
                     outcomes.append(result)
-        self.next_check_at = next_check
+        self.next_check_at = self._next_check
         return outcomes
+
+    def _check_by(self, due: float) -> None:
+        self._next_check = due if self._next_check is None else min(self._next_check, due)
