@@ -76,6 +76,7 @@ e2e-kind:
 bench: $(STAMP) peers
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster
+	$(MAKE) bench-instructions BENCH_ARGS=
 
 # Pod creation through the real apiserver with and without the webhooks (bench/real_cluster.py).
 bench-cluster: $(STAMP) peers

@@ -13,7 +13,9 @@ generator's TLS handshakes and the idle loop's wake-ups cancel out).
   c  `scheduling-webhook serve` /validate/pods (GPU notebook, Run:ai project)
   b_base  with --baseline DIR: (b) served by DIR's webhook package, for before/after
 
-Needs valgrind (`apt-get install valgrind`); takes about a minute per scenario.
+Needs valgrind (`apt-get install valgrind`); takes about a minute per scenario. Exits 1 when
+b/a or c/a is above the budget (`--budget`, default BUDGET: issue 22's 1.15), so `make bench`
+fails when a change makes a review costlier than that.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from bench.run import PYTHON, RESULTS, ROOT, free_port, terminate, wait_ready
 from bench.workload import kueue_state, make_certs, mutate_body, runai_state, validate_body
 
 TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
+# Issue 22: a review may cost at most this many times what the bare aiohttp TLS server's does.
+BUDGET = 1.15
+GUARDED = ("b/a", "c/a")
 
 
 def dump_count(pid: int, out_dir: Path) -> int:
@@ -94,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="scenarios to run, e.g. 'a,b'")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout: also count its (b)")
     parser.add_argument("--out", type=Path, default=RESULTS / "instructions.json")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="largest b/a and c/a allowed (exit 1 above)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
@@ -128,11 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {f"{k}/a": v / per_request["a"] for k, v in per_request.items() if k != "a" and "a" in per_request}
     if "b" in results and "b_base" in results:
         ratios["b/b_base"] = per_request["b"] / per_request["b_base"]
+    over = []
     for name, value in ratios.items():
-        print(f"{name}: {value:.3f}")
+        verdict = ""
+        if name in GUARDED:
+            verdict = f"  (budget {args.budget:.2f}: {'OVER' if value > args.budget else 'ok'})"
+            if value > args.budget:
+                over.append(name)
+        print(f"{name}: {value:.3f}{verdict}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"per_request": results, "ratios": ratios}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"per_request": results, "ratios": ratios, "budget": args.budget}, indent=2) + "\n")
     print(f"wrote {args.out}")
+    if over:
+        print(f"over the instruction budget of {args.budget:.2f}x (a): {', '.join(over)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -588,3 +588,25 @@ def test_a_cached_pod_always_counts_a_finite_number_of_gpus(fraction: Any, devic
     records = list(state.pods.get("vision", {}).values())
     assert len(records) == 1
     assert math.isfinite(records[0].gpus) and 0 <= records[0].gpus <= UNREADABLE_POD_GPUS
+
+
+# Issue 22: object_errors answers yes or no without building field paths, and walks again only to
+# name the field. The quick walk must never pass what the naming walk refuses.
+@settings(max_examples=1_000, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(doc=mutated_fixture() | project_pod_review())
+def test_the_quick_object_check_never_passes_what_the_naming_check_refuses(doc: Any) -> None:
+    from webhook.admission import _check_object, _object_ok, _Shape
+
+    request = doc.get("request") if isinstance(doc, dict) else None
+    if not isinstance(request, dict):
+        return
+    kind = request.get("kind")
+    kind_name = str((kind.get("kind") if isinstance(kind, dict) else None) or "")
+    for key in ("object", "oldObject"):
+        obj = request.get(key)
+        if obj is None or not _object_ok(obj, kind_name):
+            continue
+        try:
+            _check_object(obj, kind_name, key)
+        except _Shape as exc:
+            raise AssertionError(f"the quick check passed what the naming check refuses: {exc}") from None

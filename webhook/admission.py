@@ -147,15 +147,158 @@ class _Shape(Exception):
 def object_errors(request: Mapping[str, Any]) -> str | None:
     """Why `object` or `oldObject` cannot be read by the rules, naming the field; None when fine."""
     kind = request.get("kind")
-    kind_name = kind.get("kind") if isinstance(kind, dict) else None
+    kind_name = str((kind.get("kind") if isinstance(kind, dict) else None) or "")
     try:
         for key in ("object", "oldObject"):
             obj = request.get(key)
-            if obj is not None:
-                _check_object(obj, str(kind_name or ""), key)
+            # The yes-or-no walk first: it builds no field path. Only an object it does not pass
+            # is walked again to name the field (or, when the two disagree, found fine after all).
+            if obj is not None and not _object_ok(obj, kind_name):
+                _check_object(obj, kind_name, key)
     except _Shape as exc:
         return str(exc)
     return None
+
+
+# -- the same checks as yes or no, for every request: exact JSON types, no strings built. Never
+# more lenient than the naming walk below (tests/test_hostile_requests.py holds them together).
+
+
+def _object_ok(obj: Any, kind: str) -> bool:
+    if type(obj) is not dict:
+        return False
+    meta = obj.get("metadata")
+    if meta is not None:
+        if type(meta) is not dict:
+            return False
+        for key in ("name", "namespace", "generateName", "uid", "resourceVersion"):
+            value = meta.get(key)
+            if value is not None and type(value) is not str:
+                return False
+        strict = kind not in _POD_TEMPLATE_PATHS
+        for key in ("labels", "annotations"):
+            if not _map_ok(meta.get(key), strict):
+                return False
+        refs = meta.get("ownerReferences")
+        if refs is not None:
+            if type(refs) is not list:
+                return False
+            for ref in refs:
+                if type(ref) is not dict:
+                    return False
+    if kind == "ConfigMap" and not _map_ok(obj.get("data"), True):
+        return False
+    path = _POD_TEMPLATE_PATHS.get(kind)
+    if path is None:
+        spec = obj.get("spec")
+        return spec is None or type(spec) is dict
+    node: Any = obj
+    for key in path:
+        node = node.get(key)
+        if node is None:
+            return True
+        if type(node) is not dict:
+            return False
+    if kind != "Pod":
+        tmeta = node.get("metadata")
+        if tmeta is not None:
+            if type(tmeta) is not dict:
+                return False
+            if not _map_ok(tmeta.get("labels"), False) or not _map_ok(tmeta.get("annotations"), False):
+                return False
+    spec = node.get("spec")
+    if spec is None:
+        return True
+    return type(spec) is dict and _pod_spec_ok(spec)
+
+
+def _map_ok(values: Any, strict: bool) -> bool:
+    if values is None:
+        return True
+    if type(values) is not dict:
+        return False
+    if strict:
+        for value in values.values():
+            if type(value) is not str:
+                return False
+    return True
+
+
+def _pod_spec_ok(spec: dict[str, Any]) -> bool:
+    value = spec.get("priorityClassName")
+    if value is not None and type(value) is not str:
+        return False
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        if containers is None:
+            continue
+        if type(containers) is not list:
+            return False
+        for container in containers:
+            if type(container) is not dict:
+                return False
+            resources = container.get("resources")
+            if resources is None:
+                continue
+            if type(resources) is not dict:
+                return False
+            for section in ("limits", "requests"):
+                amounts = resources.get(section)
+                if amounts is None:
+                    continue
+                if type(amounts) is not dict:
+                    return False
+                for amount in amounts.values():
+                    kind = type(amount)
+                    if kind is not str and kind is not int and kind is not float:
+                        return False
+    affinity = spec.get("affinity")
+    if affinity is None:
+        return True
+    if type(affinity) is not dict:
+        return False
+    node_affinity = affinity.get("nodeAffinity")
+    if node_affinity is None:
+        return True
+    if type(node_affinity) is not dict:
+        return False
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return True
+    if type(required) is not dict:
+        return False
+    terms = required.get("nodeSelectorTerms")
+    if terms is None:
+        return True
+    if type(terms) is not list:
+        return False
+    for term in terms:
+        if type(term) is not dict:
+            return False
+        expressions = term.get("matchExpressions")
+        if expressions is None:
+            continue
+        if type(expressions) is not list:
+            return False
+        for expression in expressions:
+            if type(expression) is not dict:
+                return False
+            for key in ("key", "operator"):
+                value = expression.get(key)
+                if value is not None and type(value) is not str:
+                    return False
+            values = expression.get("values")
+            if values is None:
+                continue
+            if type(values) is not list:
+                return False
+            for value in values:
+                if type(value) is not str:
+                    return False
+    return True
+
+
+# -- the naming walk: the first field of the wrong type, as a 400's reason
 
 
 def _type_name(value: Any) -> str:
