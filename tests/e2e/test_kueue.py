@@ -17,8 +17,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import Cluster, Obj, broken_install
+from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.install import Install
 from tests.support.control_plane.kueue import (
     Kueue,
@@ -63,7 +65,8 @@ TEAM = "team"
 
 async def kueue_project(cluster: Cluster, kueue: Kueue, prefix: str, queues: dict[str, str] | None = None) -> str:
     """A project namespace with LocalQueues (name -> ClusterQueue), once both replicas know them."""
-    await cluster.settings(kueue_installed="true", run_ai_enable="false", kueue_project_default_local_queue=TEAM)
+    await cluster.settings(kueue_installed="true", run_ai_enable="false", kueue_project_default_local_queue=TEAM,
+                           scheduler=yaml.safe_dump(SCHEDULER))  # fmt: skip
     project = await cluster.project(prefix)
     queues = {TEAM: "cq"} if queues is None else queues
     if queues:
@@ -152,6 +155,11 @@ async def test_a_job_without_a_queue_label_is_queued_and_admitted_by_kueue(clust
     pending = await cluster.eventually(lambda: cluster.list("workloads.kueue.x-k8s.io", project), "its Workload", 30)
     (workload,) = workloads(pending, "Job")
     assert workload["spec"]["queueName"] == TEAM
+    # Queueing order follows the platform's priority: Kueue takes the template's PriorityClass,
+    # which ours wrote into the Job (no WorkloadPriorityClass needed, docs/kueue-colocation.md).
+    class_name = stored["spec"]["template"]["spec"]["priorityClassName"]
+    value = (await cluster.get("priorityclass", class_name))["value"]
+    assert (workload["spec"]["priorityClassRef"]["name"], workload["spec"]["priority"]) == (class_name, value)
     assert not (workload.get("status") or {}).get("admission"), workload["status"]
     assert await cluster.list("pods", project) == []
 
@@ -303,3 +311,24 @@ async def test_our_webhook_after_kueues_leaves_pods_ungated_and_they_are_refused
         stderr = await cluster.refused("apply", "-f", "-", stdin=json.dumps(notebook("late", project, "host")))
     assert "Kueue's pod integration is not acting on it" in stderr, stderr
     assert "must sort before Kueue's" in stderr, stderr
+
+
+async def test_a_group_with_no_domain_big_enough_stays_gated_and_its_workload_says_why(
+    cluster: Cluster, kueue: Kueue
+) -> None:
+    project = await kueue_project(cluster, kueue, "kroom")
+    # 3 x 20 CPUs on one host: no node has 60 (the quota would allow it).
+    await cluster.apply(deployment("big", project, 3, unit="host", cpu="20"))
+
+    async def pending() -> Obj | None:
+        items = await cluster.list("workloads.kueue.x-k8s.io", project)
+        conditions = (items[0].get("status") or {}).get("conditions") or [] if items else []
+        reserved = [c for c in conditions if c["type"] == "QuotaReserved" and c["status"] == "False"]
+        return reserved[0] if reserved else None
+
+    condition = await cluster.eventually(pending, "the Workload pending with a reason", 60)
+    assert "topology" in condition["message"].lower(), condition
+    pods = await cluster.list("pods", project, "-l", "app=big")
+    assert len(pods) == 3 and all(not p["spec"].get("nodeName") for p in pods)
+    assert all(any(g["name"] == "kueue.x-k8s.io/admission" for g in p["spec"].get("schedulingGates", []))
+               for p in pods)  # fmt: skip
