@@ -267,3 +267,20 @@ def test_a_grouped_deployment_is_scaled_by_its_spec(name: str, old: int, new: in
     if refused:
         for part in ("Kueue pod group of 3", f"a group of {new} that never fills", "change spec.replicas"):
             assert part in decision.message
+
+
+@pytest.mark.parametrize(("replicas", "unit", "warned"), [(3, "host", True), (1, "host", False), (3, None, False)])
+def test_a_statefulset_choosing_a_unit_is_told_it_co_locates_nothing(
+    replicas: int, unit: str | None, warned: bool
+) -> None:
+    obj = deployment(replicas, tannotations={CHOICE: unit} if unit else None)
+    obj["kind"] = "StatefulSet"
+    request = review({**obj, "kind": "Deployment"})
+    request["kind"] = {"group": "apps", "version": "v1", "kind": "StatefulSet"}
+    request["resource"] = {"group": "apps", "version": "v1", "resource": "statefulsets"}
+    request["object"] = obj
+    decision = validate_workload(request, kueue_snapshot(kueue_installed=True))
+    assert decision.allowed
+    assert bool(decision.warnings) is warned, decision.warnings
+    if warned:
+        assert "places each of its 3 pods by itself" in decision.warnings[0]

@@ -232,3 +232,34 @@ def scale_refusal(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Deci
         f"spec.replicas in the Deployment itself (kubectl apply, or kubectl patch deployment {name}), which "
         "recreates its pods as one group of the new size"
     )
+
+
+def statefulset_warning(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> Decision | None:
+    """With Kueue on, a StatefulSet of several replicas choosing a unit is warned at apply time: its
+    pods are not grouped here (Kueue's `statefulset` integration would group them), so each is a
+    Workload of its own and the unit co-locates nothing."""
+    settings = snapshot.settings
+    if settings.run_ai_enable or not settings.kueue_installed or request.get("subResource"):
+        return None
+    kind = _map(request.get("kind"))
+    if (kind.get("group"), kind.get("kind")) != ("apps", "StatefulSet"):
+        return None
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return None
+    namespace = snapshot.namespaces.get(request_namespace(request))
+    obj = _map(request.get("object"))
+    if namespace is None or not namespace.is_project or _replicas(obj) <= 1:
+        return None
+    template = _map(_map(obj.get("spec")).get("template"))
+    unit = _map(_map(template.get("metadata")).get("annotations")).get(TOPOLOGY_ANNOTATION)
+    unit = unit or _map(_map(obj.get("metadata")).get("annotations")).get(TOPOLOGY_ANNOTATION)
+    if not unit:
+        return None
+    name = str(_map(obj.get("metadata")).get("name") or request.get("name") or "")
+    return Decision.allow(
+        warnings=[
+            f"StatefulSet {name}: topology {str(unit)[:63]} places each of its {_replicas(obj)} pods by itself (Kueue "
+            "admits every pod alone), so it does not keep them together; use a Deployment with strategy Recreate "
+            "for pods that must share a domain"
+        ]
+    )

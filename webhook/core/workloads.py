@@ -16,7 +16,7 @@ from typing import Any
 from webhook.core.decision import Decision, Reason
 from webhook.core.gpu_sharing import gpu_sharing_error
 from webhook.core.kinds import classify_workload, pod_gpu_request
-from webhook.core.owners import scale_refusal
+from webhook.core.owners import scale_refusal, statefulset_warning
 from webhook.core.preemptibility import (
     RUNAI_PRIORITY_LABEL,
     SKIP_POD_GROUPER_ANNOTATION,
@@ -221,7 +221,7 @@ def validate_workload(
 ) -> Decision:
     settings = snapshot.settings
     if not settings.run_ai_enable:
-        return scale_refusal(request, snapshot) or Decision.allow()
+        return scale_refusal(request, snapshot) or statefulset_warning(request, snapshot) or Decision.allow()
     namespace = snapshot.namespaces.get(request_namespace(request))
     if namespace is None or not namespace.is_project:
         return Decision.allow()
