@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster, Obj, broken_install
+from tests.e2e.runai_steps import admin_token, call_server
 from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.install import Install
 from tests.support.control_plane.kueue import (
@@ -330,3 +331,16 @@ async def test_a_group_with_no_domain_big_enough_stays_gated_and_its_workload_sa
     assert len(pods) == 3 and all(not p["spec"].get("nodeName") for p in pods)
     assert all(any(g["name"] == "kueue.x-k8s.io/admission" for g in p["spec"].get("schedulingGates", []))
                for p in pods)  # fmt: skip
+    # The project's view (the scheduling API, the console's project page) shows the queue's pending
+    # Workload, from Kueue's own LocalQueue status, read as a user of the API reads it.
+    local = cluster.needs_local("calls the install's API")
+    token = await admin_token(cluster)
+
+    async def shown_pending() -> Obj | None:
+        status, body = await call_server(local, "GET", f"/api/v1/projects/{project}/scheduling", token)
+        assert status == 200, body
+        views = {q["name"]: q for q in body["queue"]["queues"]}
+        return views[TEAM] if (views[TEAM].get("local_pending_workloads") or 0) >= 1 else None
+
+    view = await cluster.eventually(shown_pending, "the pending Workload in the project's view", 60)
+    assert view["cluster_queue"] == "cq" and view["topologies"] == ["host", "zone", "region"], view
