@@ -21,6 +21,7 @@ fails when a change makes a review costlier than that.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import shutil
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import PYTHON, RESULTS, ROOT, free_port, terminate, wait_ready
+from bench.run import PYTHON, RESULTS, ROOT, free_port, post, terminate, wait_ready
 from bench.workload import kueue_state, make_certs, mutate_body, runai_state, validate_body
 
 TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
@@ -52,6 +53,16 @@ def dump_count(pid: int, out_dir: Path) -> int:
                 return int(found.group(1))
         time.sleep(0.1)
     raise RuntimeError(f"callgrind wrote no dump in {out_dir}")
+
+
+def check_answer(key: str, port: int, ca: Path, path: str, body: bytes) -> None:
+    """The count must be of the work the scenario names: an allowed review, patched for (b)."""
+    if key == "a":
+        return
+    status, answer = asyncio.run(post(port, ca, path, body))
+    response = answer.get("response") or {}
+    if status != 200 or not response.get("allowed") or (key.startswith("b") and "patch" not in response):
+        raise RuntimeError(f"{key}: the review is not answered as the scenario says: {status} {response}")
 
 
 def loadgen(port: int, path: str, body_file: Path, ca: Path, seconds: float, warmup: float) -> dict[str, Any]:
@@ -75,6 +86,7 @@ def measure(
     try:
         port = int(server[server.index("--port") + 1])
         wait_ready(proc, port, ca, within=300.0)
+        check_answer(key, port, ca, path, body)
         loadgen(port, path, body_file, ca, seconds=2.0, warmup=1.0)  # imports, caches, connections
         # Two loads of different length, each from a new generator (8 TLS handshakes): the
         # difference of their counts is requests only, handshakes and idle wake-ups cancel out.

@@ -51,6 +51,30 @@ def kueue_state(out: Path) -> Path:
         "spec": {"clusterQueue": "cluster-queue"},
     }
     (out / "31-bench-localqueue.yaml").write_text(yaml.safe_dump(queue))
+    # The ReplicaSet the bench pod names as its controller, as the cache holds it: without it the
+    # pod, which chose a topology unit, is refused (503, group size unknown) and (b) measures a
+    # refusal. One replica, as a notebook's Deployment has: no pod group.
+    replica_set = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": "jupyter-meb10000-7c9f8d6b5",
+            "namespace": KUEUE_PROJECT,
+            "uid": "4f1e1b6e-5d2a-4c1b-9a55-2f3b8e2c9d10",
+            "annotations": {"deployment.kubernetes.io/desired-replicas": "1"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "jupyter-meb10000",
+                    "uid": "d-1",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"replicas": 1},
+    }
+    (out / "32-bench-replicaset.yaml").write_text(yaml.safe_dump(replica_set))
     return out
 
 

@@ -100,12 +100,15 @@ def resolve_kueue(
 ) -> KueueResolution:
     warnings: list[str] = []
     queue = resolve_queue(offer, chosen_queue, kind)
+    placement = None  # read once: the warning and the topology check both need it
     if queue.error is None and (name := queue.value) is not None:
         refusal = queue_refusal(snapshot, offer.namespace, name, kind)
         if refusal is not None:
             queue = ResolvedName(None, None, refusal)
-        elif (warning := queue_warning(snapshot, offer.namespace, name)) is not None:
-            warnings.append(warning)
+        else:
+            placement = queue_placement(snapshot, offer.namespace, name)
+            if (warning := queue_warning(placement)) is not None:
+                warnings.append(warning)
     topology = resolve_topology(offer, chosen_topology)
     unit = topology.value
     if topology.error is not None or unit is None or queue.value is None:
@@ -113,7 +116,8 @@ def resolve_kueue(
     if unit not in offer.topologies:  # a default the cluster no longer offers
         warnings.append(f"default topology {unit} is not a topology unit; none set")
         return KueueResolution(queue, ResolvedName(None, None), tuple(warnings))
-    placement = queue_placement(snapshot, offer.namespace, queue.value)
+    if placement is None:
+        placement = queue_placement(snapshot, offer.namespace, queue.value)
     why = topology_refusal(placement, unit, offer.topologies, chosen=chosen_topology is not None)
     if why is not None:
         if chosen_topology is not None:

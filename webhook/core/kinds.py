@@ -21,7 +21,8 @@ GPU_MEMORY_ANNOTATION = "gpu-memory"
 def controller_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     """(API group, kind) of the object's controller: its ownerReference with `controller: true`."""
     for ref in meta.get("ownerReferences") or ():
-        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
+        # type() first: parsed JSON is a dict, and the Mapping ABC's check is the slow part here.
+        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True and ref.get("uid"):
             api_version = str(ref.get("apiVersion") or "")
             group = api_version.rpartition("/")[0]  # "batch/v1" -> "batch", "v1" -> ""
             return (group, str(ref.get("kind") or ""))

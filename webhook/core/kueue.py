@@ -88,9 +88,10 @@ def _listed(names: Sequence[str]) -> str:
 def queue_refusal(snapshot: ClusterSnapshot, namespace: str, queue: str, kind: str | None) -> str | None:
     """Why a workload of `kind` cannot go to `queue` in `namespace`, or None. A system job keeps
     its system queue even where it is missing (the warning is `queue_warning`'s)."""
-    local_queues = sorted(snapshot.local_queue_info.get(namespace, {}))
-    if queue in local_queues or kind == SYSTEM_JOB:
+    in_namespace = snapshot.local_queue_info.get(namespace, {})
+    if queue in in_namespace or kind == SYSTEM_JOB:
         return None
+    local_queues = sorted(in_namespace)  # only a refusal lists them
     if not local_queues:
         return (
             f"namespace {namespace} has no Kueue LocalQueue, and Kueue admits nothing without one: create "
@@ -100,9 +101,10 @@ def queue_refusal(snapshot: ClusterSnapshot, namespace: str, queue: str, kind: s
     return f"queue {queue} is not a LocalQueue of namespace {namespace}; LocalQueues there: {_listed(local_queues)}"
 
 
-def queue_warning(snapshot: ClusterSnapshot, namespace: str, queue: str) -> str | None:
-    """What admission tells a workload whose queue Kueue will not admit it through as things stand."""
-    placement = queue_placement(snapshot, namespace, queue)
+def queue_warning(placement: QueuePlacement) -> str | None:
+    """What admission tells a workload whose queue Kueue will not admit it through as things stand
+    (`placement`: `queue_placement` of that queue, which the caller needs too)."""
+    queue, namespace = placement.queue, placement.namespace
     if placement.local_queue is None:
         return f"LocalQueue {queue} does not exist in namespace {namespace}; Kueue will hold the pod until it does"
     if placement.cluster_queue is None:

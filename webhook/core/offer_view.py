@@ -233,7 +233,7 @@ def queue_view(snapshot: ClusterSnapshot, namespace: str, queue: str, topologies
     placement = queue_placement(snapshot, namespace, queue)
     local, cq = placement.local_queue, placement.cluster_queue
     problems = list(placement.problems)
-    if (warning := queue_warning(snapshot, namespace, queue)) is not None and warning not in problems:
+    if (warning := queue_warning(placement)) is not None and warning not in problems:
         problems.append(warning)
     if cq is None:
         return QueueView(

@@ -305,8 +305,9 @@ def _inject_node_affinity(
         # with every exclusion (keys are distinct, so nothing to deduplicate).
         new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
     made: set[bytes] = set()
-    ours = [_expression_key(x) for x in excluded]
-    group_keys = [_expression_key(g) for g in groups if g is not None]
+    # Only for a pod with terms of its own (not the common case): what makes ours recognisable.
+    ours = [_expression_key(x) for x in excluded] if own_terms else []
+    group_keys = [_expression_key(g) for g in groups if g is not None] if own_terms else []
     for term in own_terms:
         expressions = [e for e in term.get("matchExpressions") or () if isinstance(e, dict)]
         present = {k for e in expressions if (k := _expression_key(e)) is not None}  # linear, not pairwise
