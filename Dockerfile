@@ -21,9 +21,8 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    SCHEDULING_WEBHOOK_MANIFESTS=/usr/share/scheduling-webhook/manifests
-# The same fixed UID/GID as runAsUser/runAsGroup in manifests/06-deployment.yaml.
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# The same fixed UID/GID as runAsUser/runAsGroup in the chart's Deployment (manifests/chart).
 RUN groupadd --system --gid 10001 webhook \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin webhook
@@ -35,8 +34,6 @@ RUN --mount=type=bind,from=builder,source=/deps,target=/deps \
 RUN --mount=type=bind,from=builder,source=/app,target=/app \
     --mount=type=bind,from=builder,source=/src/constraints.txt,target=/constraints.txt \
     pip install --no-index --find-links=/app -c /constraints.txt scheduling-webhook
-# For `scheduling-webhook manifests` run from the image; read-only and owned by root.
-COPY manifests /usr/share/scheduling-webhook/manifests
 # Numeric, so the kubelet can verify runAsNonRoot without looking the name up.
 USER 10001:10001
 EXPOSE 8443

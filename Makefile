@@ -18,7 +18,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-instructions certs venv clean e2e e2e-kind peers FORCE
+.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -69,7 +69,12 @@ e2e: $(STAMP)
 	@test -n "$(KUBECONFIG)" || { echo "make e2e needs KUBECONFIG=path of a cluster with the install"; exit 2; }
 	SCHEDULING_WEBHOOK_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e
 
-# A kind cluster, the image built and loaded, the install applied, the e2e suite, the cluster deleted.
+# The plain YAML in manifests/ from the chart (helm template; tests/test_chart_plain.py fails when they drift).
+manifests: $(STAMP)
+	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh helm
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m tests.support.chart
+
+# A kind cluster, the image built and loaded, the chart installed, the e2e suite, the cluster deleted.
 e2e-kind:
 	@hack/e2e/kind.sh
 

@@ -1,7 +1,9 @@
 """The README and manifests/README.md, followed as written.
 
 The newcomer's path is run for real: `make run`'s certificate step and server, then the README's
-Install commands and manifests/README.md's, in order, in a checkout-like folder; the dev server
+Install commands and manifests/README.md's for kubectl alone (those that need no cluster), in order,
+in a checkout-like folder (helm's are run against a real control plane by
+tests/e2e/test_chart_lifecycle.py); the dev server
 must keep answering with its certificate verified for `localhost`. The rest checks that the pages
 name what the code does (endpoints, uninstall steps), so they cannot drift apart silently.
 """
@@ -24,10 +26,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import chart
 from tests.support.apps import cache_app
 from tests.support.https import LOOPBACK
 from webhook.console.signouts import SIGNOUTS_CONFIGMAP
-from webhook.manifests import render
 from webhook.quota.reservations import RESERVATIONS_LABEL
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.runtime import ServeOptions
@@ -137,9 +139,10 @@ def test_readme_then_manifests_readme_never_break_make_run(checkout: Path, dev_s
     dev_files = {p.name: p.read_bytes() for p in dev.iterdir()}
 
     readme_steps = first_bash_block(section(README, "## Install"))
-    manifests_steps = first_bash_block(section(MANIFESTS_README, "## Install"))
-    local = [c for c in readme_steps + manifests_steps if not c.startswith("kubectl ")]
-    assert any("certs" in c.split() for c in local) and any("manifests" in c.split() for c in local)
+    kubectl_steps = first_bash_block(section(MANIFESTS_README, "## Install with kubectl alone"))
+    cluster = ("kubectl", "helm", "for", "CA=$(base64")
+    local = [c for c in readme_steps + kubectl_steps if c.split()[0] not in cluster and not c.startswith(cluster)]
+    assert any("certs" in c.split() for c in local) and any("console-keys" in c.split() for c in local)
     run_documented(local, checkout)
 
     # The dev server's certificate is untouched, and it still answers for localhost.
@@ -149,12 +152,17 @@ def test_readme_then_manifests_readme_never_break_make_run(checkout: Path, dev_s
     # `make run` again keeps it: nothing to re-issue.
     assert "kept" in make_certs(dev)
 
-    # The cluster got a CA of its own, and the rendered webhooks trust that one.
+    # The cluster got a CA of its own, and the documented patches put that one in every webhook.
     cluster_ca = (checkout / "certs" / "cluster" / "ca.crt").read_bytes()
     assert cluster_ca != dev_files["ca.crt"]
-    rendered = [yaml.safe_load(p.read_text()) for p in sorted((checkout / "rendered").iterdir())]
-    hooks = [h for o in rendered if o["kind"].endswith("WebhookConfiguration") for h in o["webhooks"]]
-    assert hooks and all(base64.b64decode(h["clientConfig"]["caBundle"]) == cluster_ca for h in hooks)
+    assert "CA=$(base64 -w0 certs/cluster/ca.crt)" in kubectl_steps
+    patches = " ".join(c for c in kubectl_steps if "kubectl patch" in c)
+    for obj in (o for _, text in sorted(chart.plain_manifests().items()) for o in yaml.safe_load_all(text)):
+        if obj["kind"].endswith("WebhookConfiguration"):
+            assert f"{obj['kind'].lower()} {obj['metadata']['name']}" in patches
+            # One patch per webhook of the configuration, by index.
+            indexes = " ".join(map(str, range(len(obj["webhooks"]))))
+            assert f"for i in {indexes}; do kubectl patch {obj['kind'].lower()} " in patches, (indexes, patches)
 
 
 def test_make_run_replaces_a_dev_certificate_lacking_localhost(checkout: Path) -> None:
@@ -209,11 +217,16 @@ def test_readme_says_what_a_newcomer_asks() -> None:
 
 
 def test_uninstall_covers_everything_the_server_leaves_behind() -> None:
-    uninstall = section(MANIFESTS_README, "## Uninstall")
+    with_helm = section(MANIFESTS_README, "## Uninstall")
+    assert first_bash_block(with_helm) == ["helm uninstall scheduling-webhook --namespace hopsworks --wait"]
+    for what in (FINALIZER, RUNAI_PROJECT_ID_LABEL, BINDING_ANNOTATION, "/runai-move", "runai-projects-left"):
+        assert what in with_helm, what
+    uninstall = section(MANIFESTS_README, "### Uninstall with kubectl alone")
     commands = first_bash_block(uninstall)
     deletes = [c for c in commands if c.startswith("kubectl") and " delete " in c]
     assert deletes and all("--ignore-not-found" in c for c in deletes), deletes
-    rendered = render({"caBundle": base64.b64encode(make_ca(days=1).cert_pem).decode()})
+    ca = base64.b64encode(make_ca(days=1).cert_pem).decode()
+    rendered = chart.render({"certs": {"mode": "secret", "secret": {"caBundle": ca}}})
     for obj in rendered:
         if obj["kind"].endswith("WebhookConfiguration"):
             assert obj["metadata"]["name"] in uninstall
@@ -279,7 +292,8 @@ def test_constraints_pin_every_runtime_dependency() -> None:
 def test_renewal_and_cert_manager_are_documented() -> None:
     renewal = section(MANIFESTS_README, "## Certificate renewal")
     assert "webhook_serving_certificate_expiry_timestamp_seconds" in renewal
-    assert "certManager.enabled" in renewal and "inject-ca-from" in renewal
+    assert "certs.mode: certManager" in renewal and "renewBeforeDays" in section(MANIFESTS_README, "## Certificates")
+    assert "inject-ca-from" in section(MANIFESTS_README, "## Certificates")
     admin = section(MANIFESTS_README, "## Reaching the server as an admin")
     assert "port-forward" in admin and "--server-name scheduling-webhook.hopsworks.svc" in admin
     assert "kubectl -n hopsworks create token" in admin

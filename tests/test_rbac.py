@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.support import chart
 from tests.support.cluster import SCHEDULER, namespace, priority_class
 from tests.support.https import (
     LOOPBACK,
@@ -45,7 +46,6 @@ from tests.support.kube_emulator import (
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import binding_settled, write_kubeconfig
-from webhook.manifests import render
 from webhook.runtime import Runtime, ServeOptions
 
 INSTALL_NS = "hopsworks"
@@ -77,7 +77,12 @@ def rendered_manifests(ca_pem: bytes, runai: RunaiStandin) -> list[dict[str, Any
         "run_ai_reconcile_interval_s": 1,
         "scheduler": SCHEDULER,
     }
-    return render({"namespace": INSTALL_NS, "caBundle": base64.b64encode(ca_pem).decode(), "settings": settings})
+    values = {"certs": {"mode": "secret", "secret": {"caBundle": base64.b64encode(ca_pem).decode()}},
+              "variables": settings, "createNamespace": True}  # fmt: skip
+    # The server's own objects: the uninstall hook's RBAC is helm's, for its Job only.
+    return [
+        o for o in chart.render(values, INSTALL_NS) if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})
+    ]
 
 
 def one(objects: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from tests.support import chart
 from tests.support.cluster import cluster_state, settings_configmap
 from tests.support.fixtures import metric
 from tests.support.https import make_cert_files
@@ -19,7 +20,6 @@ from webhook.core.admin_view import admin_view
 from webhook.core.gpu_view import GpuCode
 from webhook.core.runai_health import runai_admission_down
 from webhook.kube.watch import KubeWatcher, WatchTiming
-from webhook.manifests import render
 from webhook.metrics import REGISTRY
 from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher
@@ -123,15 +123,16 @@ def test_nothing_is_said_with_run_ai_off_or_before_the_watch_listed() -> None:
     assert runai_admission_down(st.snapshot()) == []
 
 
-def _render(tmp: Path, **values: Any) -> list[dict[str, Any]]:
+def _render(tmp: Path, namespace: str = "hopsworks", **values: Any) -> list[dict[str, Any]]:
     ca = make_cert_files(tmp / "certs").ca.cert_pem
-    return render({"caBundle": base64.b64encode(ca).decode(), **values})
+    return chart.render({"certs": {"mode": "secret", "secret": {"caBundle": base64.b64encode(ca).decode()}}, **values},
+                        namespace)  # fmt: skip
 
 
 def test_the_install_reads_runai_deployments_only_with_run_ai_on_and_only_reads(tmp_path: Path) -> None:
     off = _render(tmp_path)
     assert not [o for o in off if o["metadata"].get("namespace") == "runai"]
-    on = _render(tmp_path, namespace="platform", settings={"run_ai_enable": True, "run_ai_client_id": "sa"})
+    on = _render(tmp_path, namespace="platform", variables={"run_ai_enable": True, "run_ai_client_id": "sa"})
     role, bindings = (
         [o for o in on if o["kind"] == k and o["metadata"].get("namespace") == "runai"] for k in ("Role", "RoleBinding")
     )
@@ -141,7 +142,7 @@ def test_the_install_reads_runai_deployments_only_with_run_ai_on_and_only_reads(
         {"kind": "ServiceAccount", "name": "scheduling-webhook", "namespace": "platform"}
     ]
     kinds = [o["kind"] for o in on]
-    assert kinds.index("Role", kinds.index("Role") + 1) < kinds.index("Deployment")  # granted before it runs
+    assert kinds.index("Role") < kinds.index("Deployment")  # helm grants before it runs
 
 
 def test_the_alert_rules_ship_beside_each_other_and_name_real_metrics(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`scheduling-webhook` command line: serve, certs, console-keys, manifests, review, admin."""
+"""`scheduling-webhook` command line: serve, certs, console-keys, review, admin, uninstall-cleanup."""
 
 from __future__ import annotations
 
@@ -105,9 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--replace", action="store_true", help="one new key at once and nothing else: signs every user out"
     )
 
-    manifests = command("manifests", "render manifests/ with a values file")
-    manifests.add_argument("--values", default=None, help="values file (see examples/values.example.yaml)")
-    manifests.add_argument("--out", default=None, help="write here instead of stdout")
+    cleanup = command(
+        "uninstall-cleanup",
+        "after the chart's objects are gone (its uninstall Job): take this system's finalizer, label and "
+        "annotations off the project namespaces, delete its reservation ConfigMaps and Lease",
+    )
+    cleanup.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
+    cleanup.add_argument("--wait-s", type=float, default=120, help="how long to wait for the server's pods to end")
 
     review = command(
         "review",
@@ -175,10 +179,10 @@ def _run(argv: list[str] | None) -> int:
         from webhook.console.keys_cli import console_keys_command
 
         return console_keys_command(args)
-    if args.command == "manifests":
-        from webhook.manifests import manifests_command
+    if args.command == "uninstall-cleanup":
+        from webhook.uninstall_cli import uninstall_cleanup_command
 
-        return manifests_command(args)
+        return uninstall_cleanup_command(args)
     if args.command == "review":
         from webhook.review import review_command
 

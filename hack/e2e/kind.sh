@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make e2e-kind: a kind cluster, the image built and loaded, the rendered install applied, the e2e
-# suite run against it, the cluster deleted. Needs docker (with a running engine), kind and kubectl.
+# make e2e-kind: a kind cluster, the image built and loaded, the chart installed with helm, the e2e
+# suite run against it, the cluster deleted. Needs docker (with a running engine), kind, kubectl and
+# helm (HELM, default: the one `make peers` builds, else helm on PATH).
 set -o errexit -o nounset -o pipefail
 cd "$(dirname "$0")/../.."
 
@@ -10,13 +11,15 @@ KIND_CLUSTER_NAME=${KIND_CLUSTER_NAME:-scheduling-webhook-e2e}
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.32.2@sha256:f226345927d7e348497136874b6d207e0b32cc52154ad8323129352923a3142f}
 IMAGE=${IMAGE:-scheduling-webhook:e2e}
 PYTHON=${PYTHON:-.venv/bin/python}
-SCHEDULING_WEBHOOK=${SCHEDULING_WEBHOOK:-.venv/bin/scheduling-webhook}
+PEERS_DIR=${PEERS_DIR:-.peers}
+HELM=${HELM:-$( [ -x "$PEERS_DIR/bin/helm" ] && echo "$PEERS_DIR/bin/helm" || echo helm )}
 ARTIFACTS=${ARTIFACTS:-$(mktemp -d)}
 
 missing=()
 command -v docker >/dev/null || missing+=("docker")
 command -v "$KIND" >/dev/null || missing+=("kind")
 command -v kubectl >/dev/null || missing+=("kubectl")
+command -v "$HELM" >/dev/null || missing+=("helm")
 if [ ${#missing[@]} -eq 0 ] && ! docker info >/dev/null 2>&1; then missing+=("a running Docker engine"); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "make e2e-kind needs ${missing[*]}: not found here (make e2e KUBECONFIG=... runs the suite on an existing install)" >&2
@@ -33,13 +36,9 @@ trap cleanup EXIT
 docker build -t "$IMAGE" .
 "$KIND" load docker-image "$IMAGE" --name "$KIND_CLUSTER_NAME"
 
-"$SCHEDULING_WEBHOOK" certs --out "$ARTIFACTS/certs" --namespace hopsworks --new-ca
-kubectl create namespace hopsworks
-kubectl -n hopsworks create secret tls scheduling-webhook-tls \
-  --cert="$ARTIFACTS/certs/tls.crt" --key="$ARTIFACTS/certs/tls.key"
-printf 'image: %s\nimagePullPolicy: Never\ncaFile: %s\n' "$IMAGE" "$ARTIFACTS/certs/ca.crt" > "$ARTIFACTS/values.yaml"
-"$SCHEDULING_WEBHOOK" manifests --values "$ARTIFACTS/values.yaml" --out "$ARTIFACTS/rendered"
-kubectl apply -f "$ARTIFACTS/rendered"
-kubectl -n hopsworks rollout status deploy/scheduling-webhook --timeout=180s
+# The chart issues its own certificates (certs.mode helm); --wait returns once the replicas serve.
+"$HELM" install scheduling-webhook manifests/chart --namespace hopsworks --create-namespace \
+  --kubeconfig "$KUBECONFIG" --wait --timeout 180s \
+  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never
 
 SCHEDULING_WEBHOOK_E2E_KUBECONFIG="$KUBECONFIG" "$PYTHON" -m pytest -q -p no:cacheprovider tests/e2e

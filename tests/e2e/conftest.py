@@ -2,7 +2,7 @@
 
 Local (the default, part of `make test`): etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and kwok built by `make peers` (tests/support/control_plane/), started once per
-session; the install rendered and applied unedited with `kubectl apply --server-side`; its two
+session; the chart installed with the real `helm install` (tests/support/chart.py); its two
 pods run for real (`scheduling-webhook serve` as their ServiceAccount); the Run:ai REST stand-in
 and a Run:ai-like admission webhook beside them.
 

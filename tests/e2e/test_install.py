@@ -1,6 +1,7 @@
-"""The install as the real apiserver reads it: every object of every render the values offer
-passes the apiserver's own validation (OpenAPI schemas, strict field checking, CEL compilation of
-the ValidatingAdmissionPolicies, the add-ons' CRD schemas), and the installed policies type-check.
+"""The chart as the real apiserver reads it: for every choice the values offer, `helm lint` passes
+and every object `helm template` renders passes the apiserver's own validation (OpenAPI schemas,
+strict field checking, CEL compilation of the ValidatingAdmissionPolicies, the add-ons' CRD
+schemas), and the installed policies type-check.
 """
 
 from __future__ import annotations
@@ -13,23 +14,31 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster
-from tests.support import peers
+from tests.support import chart, peers
 from tests.support.control_plane.install import render
 
 pytestmark = pytest.mark.slow
 
 RUNAI_ON = {"run_ai_enable": True, "run_ai_client_id": "hopsworks", "run_ai_project_gpu_quota": 2}
+OTHER_NAMESPACE = "platform-scheduling"
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "runai-on": {"settings": RUNAI_ON},
-    "kueue-on": {"settings": {"kueue_installed": True}},
+    "runai-on": {"variables": RUNAI_ON},
+    "kueue-on": {"variables": {"kueue_installed": True}},
+    "kueue-on-in-the-umbrella": {"global": {"_hopsworks": {"kueue": {"enabled": True}}}},
     "network-policy": {"networkPolicy": {"enabled": True, "apiserverCIDRs": ["10.0.0.10/32"]}},
-    "cert-manager": {"certManager": {"enabled": True}},
+    "certs-cert-manager": {"certs": {"mode": "certManager"}},
+    "certs-cert-manager-issuer": {"certs": {"mode": "certManager", "certManager": {"issuerRef": {
+        "kind": "ClusterIssuer", "name": "corp-ca"}}}},
+    "certs-secret": {"certs": {"mode": "secret", "secret": {"caBundle": "LS0tLQ=="}}},
+    "client-ca": {"certs": {"clientCAKey": "ca.crt"}},
     "scrape-annotations": {"metrics": {"scrapeAnnotations": True}},
     "service-monitor": {"metrics": {"serviceMonitor": True}},
-    "client-ca": {"clientCAKey": "ca.crt"},
-    "other-namespace": {"namespace": "platform-scheduling"},
-}
+    "alert-rules": {"metrics": {"alertRules": True}},
+    "one-replica": {"replicas": 1},
+    "other-namespace": {},
+    "plain-yaml": yaml.safe_load(chart.PLAIN_VALUES.read_text()),
+}  # fmt: skip
 
 
 async def install_addon_crds(cluster: Cluster) -> None:
@@ -48,27 +57,39 @@ async def install_addon_crds(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+def test_helm_lint_passes_for_every_choice(variant: str) -> None:
+    namespace = OTHER_NAMESPACE if variant == "other-namespace" else "hopsworks"
+    out = chart.helm("lint", str(chart.CHART), "--strict", "--namespace", namespace, values=VARIANTS[variant])
+    assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 async def test_every_render_passes_the_apiservers_validation(cluster: Cluster, variant: str, tmp_path: Path) -> None:
-    local = cluster.needs_local("renders the install with the harness's CA")
+    cluster.needs_local("dry-runs renders beside the harness's install")
     await install_addon_crds(cluster)
-    # cert-manager's CA injector fills the caBundle: that render takes no CA file.
-    ca = {} if variant == "cert-manager" else {"caFile": local.values["caFile"]}
-    values = {**ca, **VARIANTS[variant]}
-    text = await asyncio.to_thread(render, values, tmp_path)
-    kinds = sorted({o["kind"] for o in yaml.safe_load_all(text) if o})
-    namespace = values.get("namespace", "hopsworks")
+    values = VARIANTS[variant]
+    namespace = OTHER_NAMESPACE if variant == "other-namespace" else "hopsworks"
+    text = await asyncio.to_thread(render, values, tmp_path, namespace)
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    kinds = sorted({o["kind"] for o in objects})
     if namespace != "hopsworks":  # a dry run stores nothing, not even the namespace its objects need
         await cluster.ok("create", "namespace", namespace)
         cluster.namespaces.append(namespace)
+    if variant == "runai-on":
+        assert any(o["metadata"].get("namespace") == "runai" for o in objects)  # the harness made `runai`
     out = await cluster.ok("apply", "--server-side", "--dry-run=server", "--validate=strict", "--force-conflicts",
                            "-f", "-", stdin=text)  # fmt: skip
-    assert out.count("(server dry run)") == len([o for o in yaml.safe_load_all(text) if o]), out
-    if variant == "cert-manager":
-        assert {"Certificate", "Issuer"} <= set(kinds), kinds
+    assert out.count("(server dry run)") == len(objects), out
+    if variant.startswith("certs-cert-manager"):
+        assert "Certificate" in kinds and ("Issuer" in kinds) == (variant == "certs-cert-manager"), kinds
     if variant == "service-monitor":
         assert "ServiceMonitor" in kinds, kinds
+    if variant == "alert-rules":
+        assert "PrometheusRule" in kinds, kinds
     if variant == "network-policy":
         assert "NetworkPolicy" in kinds, kinds
+    if variant in ("one-replica", "plain-yaml"):
+        assert ("PodDisruptionBudget" in kinds) == (variant == "plain-yaml"), kinds
 
 
 async def test_the_installed_policies_type_check(cluster: Cluster) -> None:

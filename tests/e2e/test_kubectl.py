@@ -66,15 +66,15 @@ async def test_the_install_applies_and_reapplies(cluster: Cluster) -> None:
     assert VALIDATE_PODS in [w["name"] for w in validating["webhooks"]]
     assert (await cluster.get("deploy", "scheduling-webhook", INSTALL_NS))["spec"]["replicas"] >= 2
     local = cluster.needs_local("re-applies the harness's own render")
-    assert len(local.applied) == 2  # `kubectl apply --server-side`, before and after the replicas served
-    for out in local.applied:
-        assert "mutatingwebhookconfiguration.admissionregistration.k8s.io/0-hopsworks-scheduling-webhook " \
-               "serverside-applied" in out  # fmt: skip
-    # A changed render re-applied server-side: the webhook keyed by name is changed in place.
+    assert len(local.applied) == 2  # `helm install`, and `helm upgrade` once the replicas served
+    for revision, out in enumerate(local.applied, start=1):
+        assert "STATUS: deployed" in out and f"REVISION: {revision}" in out, out
+    # A changed render re-applied server-side (taking the field over from helm): the webhook keyed
+    # by name is changed in place.
     objects = [copy.deepcopy(o) for o in local.objects if o["kind"] == "ValidatingWebhookConfiguration"]
     before = [w["name"] for w in validating["webhooks"]]
     objects[0]["webhooks"][1]["timeoutSeconds"] = 7
-    await cluster.ok("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    await cluster.ok("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(objects))
     after = await cluster.get("validatingwebhookconfiguration", "hopsworks-scheduling-webhook")
     assert [w["name"] for w in after["webhooks"]] == before
     assert after["webhooks"][1]["timeoutSeconds"] == 7

@@ -40,7 +40,7 @@ KUBE_VERSION = "v1.35.4"
 GPU = "nvidia.com/gpu"
 # Pods that really run (tests/support/control_plane/pod_runner.py), which kwok must leave alone.
 REAL_PODS_LABEL = "app.kubernetes.io/name"
-REAL_PODS = ("scheduling-webhook",)
+REAL_PODS = ("scheduling-webhook", "scheduling-webhook-uninstall")
 
 
 @dataclass(frozen=True)

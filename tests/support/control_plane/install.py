@@ -1,6 +1,7 @@
 """The product installed on the test control plane as an operator installs it, and really running.
 
-The rendered install is applied unedited with `kubectl apply --server-side`, twice. Its
+The chart (manifests/chart) is installed with the real helm, `helm install`, then `helm upgrade`
+with the same values once it serves. Its certificates are the chart's own (certs.mode helm). Its
 Deployment's two pods are run by a PodRunner (the kubelet's part): `scheduling-webhook serve` with
 the pod's own args and env, its ServiceAccount's token, listening on the ClusterIP of the
 install's Service, where the apiserver dials the webhooks' `clientConfig.service`.
@@ -16,7 +17,6 @@ import contextlib
 import copy
 import datetime as dt
 import ssl
-import subprocess
 import sys
 import time
 import urllib.request
@@ -29,6 +29,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import chart
 from tests.support.control_plane.background import BackgroundLoop
 from tests.support.control_plane.cluster import ControlPlane
 from tests.support.control_plane.pod_runner import PodRunner
@@ -50,19 +51,15 @@ TLS_SECRET = "scheduling-webhook-tls"
 RUNAI_SECRET_NAME = "runai-hopsworks"
 RUNAI_CLIENT_SECRET = "e2e-runai-secret"
 LEASE = "scheduling-webhook-leader"
-APP_SELECTOR = "app.kubernetes.io/name=scheduling-webhook"
+# The server's pods, and the chart's uninstall Job: both really run.
+APP_SELECTOR = "app.kubernetes.io/name in (scheduling-webhook,scheduling-webhook-uninstall)"
 
 
-def render(values: Obj, dir: Path) -> str:
-    """The install as `scheduling-webhook manifests --values` renders it for these values."""
+def render(values: Obj, dir: Path, namespace: str = INSTALL_NS) -> str:
+    """The install as `helm template` renders the chart for these values (kept in `dir`)."""
     dir.mkdir(parents=True, exist_ok=True)
-    values_file = dir / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    cli = Path(sys.executable).parent / "scheduling-webhook"
-    done = subprocess.run([str(cli), "manifests", "--values", str(values_file)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise AssertionError(f"render failed for {values}: {done.stderr}")
-    return done.stdout
+    (dir / "values.yaml").write_text(yaml.safe_dump(values))
+    return chart.template(values, namespace)
 
 
 def secret(name: str, namespace: str, data: dict[str, bytes], type: str = "Opaque") -> Obj:
@@ -85,10 +82,10 @@ def _server_ssl(cert: CertKey, dir: Path) -> ssl.SSLContext:
 class Install:
     cp: ControlPlane
     dir: Path
-    ca: CertKey  # the Service's CA: the serving certificate and every webhook's caBundle
-    values: Obj
-    rendered: str
-    applied: list[str]  # kubectl's output of each server-side apply
+    ca_pem: bytes  # the chart's CA: it signed the serving certificate and is every webhook's caBundle
+    values: Obj  # the chart's values
+    rendered: str  # the release's manifest (`helm get manifest`)
+    applied: list[str]  # helm's output of the install and of the upgrade
     service_ip: str
     runner: PodRunner
     background: BackgroundLoop
@@ -148,9 +145,11 @@ class Install:
         wanted = [copy.deepcopy(o) for o in self.objects if o["kind"] in kinds]
         if mutation is not None:
             mutation(wanted)
-        if wanted:
-            self.cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(wanted))
         names = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+        for obj in wanted:
+            # Replaced whole: an apply would leave the fields helm manages (a dropped selector) as they are.
+            exists = self.cp.kubectl("get", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found").stdout
+            self.cp.kubectl("replace" if exists.strip() else "create", "-f", "-", input=yaml.safe_dump(obj))
         for kind in kinds:
             listed = self.cp.get_json(kind.lower(), "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]
             for obj in listed:
@@ -188,54 +187,85 @@ class Install:
         self.background.close()
 
 
+def helm(cp: ControlPlane, *args: str, values: Obj | None = None, timeout: float = 300) -> str:
+    """The real helm against this control plane, as its admin (group system:masters)."""
+    return chart.helm(*args, kubeconfig=cp.admin_kubeconfig, values=values, timeout=timeout)
+
+
+def helm_install(cp: ControlPlane, values: Obj, *extra: str, command: str = "install") -> str:
+    """`helm install` (or `upgrade`) of the chart as release scheduling-webhook in the install namespace."""
+    return helm(cp, command, chart.RELEASE, str(chart.CHART), "--namespace", INSTALL_NS, *extra, values=values)
+
+
 def install(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Install:
     dir.mkdir(parents=True, exist_ok=True)
+    values = dict(values or {})
     rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
-    ca = make_ca("scheduling-webhook test service CA", days=30)
-    (dir / "ca.crt").write_bytes(ca.cert_pem)
-    serving = make_serving_cert(ca, SERVICE, INSTALL_NS)
-    # As the install guide says: the namespace, the serving certificate's Secret, then the render.
+    # As the install guide says: the namespace and the Run:ai client's Secret, then the chart.
     cp.kubectl("create", "namespace", INSTALL_NS)
-    # Run:ai is installed first on a Run:ai cluster: with run_ai_enable the render grants read
-    # access in its namespace (optional/runai-admission-reader.yaml).
+    # Run:ai is installed first on a Run:ai cluster: with run_ai_enable the chart grants read
+    # access in its namespace (templates/03-runai-admission-reader.yaml).
     cp.kubectl("create", "namespace", RUNAI_NAMESPACE)
-    cp.apply([secret(TLS_SECRET, INSTALL_NS, {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem,
-                                               "ca.crt": ca.cert_pem}, "kubernetes.io/tls")])  # fmt: skip
     cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
-    values = {"caFile": str(dir / "ca.crt"), **(values or {})}
-    rendered = render(values, dir)
-    applied = [cp.kubectl("apply", "--server-side", "-f", "-", input=rendered).stdout]
-    # Tests turn Run:ai on by editing the settings as an installer; what an install with Run:ai on
-    # adds (read access to Run:ai's Deployments in its namespace) is applied from such a render.
-    runai_on = render({**values, "settings": {"run_ai_enable": True, "run_ai_client_id": "hopsworks"}}, dir / "runai")
-    in_runai = [o for o in yaml.safe_load_all(runai_on) if o and o["metadata"].get("namespace") == RUNAI_NAMESPACE]
-    if in_runai:
-        cp.apply(in_runai, "--server-side")
+    # Without --wait: the pods run once the runner (the kubelet's part) is up, on the Service's IP.
+    applied = [helm_install(cp, values)]
     service_ip = cp.service_ip(INSTALL_NS, SERVICE)
     runner = PodRunner(
         rest, INSTALL_NS, APP_SELECTOR,
         programs={"scheduling-webhook": [str(Path(sys.executable).parent / "scheduling-webhook")]},
-        network_args=lambda pod, probe_port: ["--host", service_ip, "--port", "443", "--probe-port", str(probe_port),
-                                              "--reuse-port"],
+        network_args=lambda pod, probe_port: _network_args(pod, service_ip, probe_port),
         probe_host=service_ip, free_port=lambda: free_port(service_ip), dir=dir / "pods",
         apiserver_url=cp.url, ca_file=cp.pki.ca_file,
     ).start()  # fmt: skip
+    # Tests turn Run:ai on by editing the settings as an installer; what an install with Run:ai on
+    # adds (read access to Run:ai's Deployments in its namespace) is applied from such a render.
+    runai_values = {**values, "variables": {**values.get("variables", {}), "run_ai_enable": True,
+                                            "run_ai_client_id": "hopsworks", "kueue_installed": False}}  # fmt: skip
+    runai_on = render(runai_values, dir / "runai")
+    in_runai = [o for o in yaml.safe_load_all(runai_on) if o and o["metadata"].get("namespace") == RUNAI_NAMESPACE]
+    for obj in in_runai:  # marked as the release's, so that a `helm upgrade` with Run:ai on adopts them
+        obj["metadata"].setdefault("labels", {})["app.kubernetes.io/managed-by"] = "Helm"
+        obj["metadata"].setdefault("annotations", {}).update(
+            {"meta.helm.sh/release-name": chart.RELEASE, "meta.helm.sh/release-namespace": INSTALL_NS}
+        )
+    if in_runai:
+        cp.apply(in_runai, "--server-side")
+    ca_pem = _chart_ca(cp)
+    (dir / "ca.crt").write_bytes(ca_pem)
     background = BackgroundLoop()
     runai = RunaiStandin(client_secret=RUNAI_CLIENT_SECRET)
     background.run(runai.start())
     admission = RunaiAdmissionStandin()
-    inst = Install(cp, dir, ca, values, rendered, applied, service_ip, runner, background, runai, admission)
+    rendered = helm(cp, "get", "manifest", chart.RELEASE, "--namespace", INSTALL_NS)
+    inst = Install(cp, dir, ca_pem, values, rendered, applied, service_ip, runner, background, runai, admission)
     try:
         inst.settings_data = dict(cp.get_json("configmap", SETTINGS, "-n", INSTALL_NS).get("data") or {})
         _start_runai_admission(inst)
         inst.wait_ready()
-        # Re-applied once it serves: the settings ConfigMap's webhook fails closed, so while no
-        # replica answers, an apply that touches the settings is refused (as on any cluster).
-        applied.append(cp.kubectl("apply", "--server-side", "-f", "-", input=rendered).stdout)
+        # Upgraded once it serves, with the same values: the settings ConfigMap's webhook fails
+        # closed, so while no replica answers, a write to the settings is refused (as on any cluster).
+        applied.append(helm_install(cp, values, command="upgrade"))
+        inst.rendered = helm(cp, "get", "manifest", chart.RELEASE, "--namespace", INSTALL_NS)
     except BaseException:
         inst.stop()
         raise
     return inst
+
+
+def _network_args(pod: Obj, service_ip: str, probe_port: int) -> list[str]:
+    """Where a server pod listens (the Service's ClusterIP); other commands (the uninstall Job) get nothing."""
+    args = pod["spec"]["containers"][0].get("args") or []
+    if args[:1] != ["serve"]:
+        return []
+    return ["--host", service_ip, "--port", "443", "--probe-port", str(probe_port), "--reuse-port"]
+
+
+def _chart_ca(cp: ControlPlane) -> bytes:
+    """The CA the chart issued (certs.mode helm), as the TLS Secret's ca.crt holds it."""
+    import base64
+
+    data = cp.get_json("secret", TLS_SECRET, "-n", INSTALL_NS).get("data") or {}
+    return base64.b64decode(data["ca.crt"])
 
 
 def _start_runai_admission(inst: Install) -> None:

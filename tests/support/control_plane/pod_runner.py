@@ -12,7 +12,8 @@ kwok gives the test cluster nodes and fakes every other pod's lifecycle. The ins
 - reports status (Running, a pod IP, restarts), and Ready from the pod's own startup and readiness
   probes, periods and thresholds included, so the Deployment controller rolls and the endpoints
   follow as in a cluster;
-- restarts a container that dies (restartPolicy Always);
+- restarts a container that dies (restartPolicy Always); a pod of restartPolicy Never (a Job's)
+  ends Succeeded or Failed by its exit code, as the Job controller expects;
 - on deletion: not Ready at once, the preStop sleep, SIGTERM, SIGKILL after the grace period, then
   the pod is deleted for good.
 
@@ -31,6 +32,7 @@ import shutil
 import ssl
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +80,7 @@ class Container:
     started: bool = False  # startup probe passed
     ready: bool = False
     terminating: bool = False
+    exit_code: int | None = None  # set once a pod that is not restarted has ended
     startup: Probe | None = None
     readiness: Probe | None = None
     secret_versions: dict[str, str] = field(default_factory=dict)
@@ -178,7 +181,8 @@ class PodRunner:
             self._stop.wait(POLL_S)
 
     def _sync(self) -> None:
-        pods = self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={self.selector}")["items"]
+        selector = urllib.parse.quote(self.selector)
+        pods = self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}")["items"]
         seen = set()
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -199,7 +203,14 @@ class PodRunner:
                     self.containers[uid] = container
                 self._report(pod, container)
                 continue
+            if container.exit_code is not None:
+                continue  # ended, not restarted: the Job controller or the owner deletes it
             self._refresh_volumes(pod, container)
+            if not container.process.alive() and pod["spec"].get("restartPolicy", "Always") != "Always":
+                assert container.process.popen is not None
+                container.exit_code = container.process.popen.returncode
+                self._report(pod, container)
+                continue
             if not container.process.alive():
                 container.restarts += 1
                 container.ready = container.started = False
@@ -395,15 +406,20 @@ class PodRunner:
             return False
 
     def _report(self, pod: Obj, c: Container) -> None:
-        ready = "True" if c.ready and not c.terminating else "False"
+        ready = "True" if c.ready and not c.terminating and c.exit_code is None else "False"
         name = pod["spec"]["containers"][0]["name"]
         image = pod["spec"]["containers"][0]["image"]
         running = c.process.alive()
         state: Obj = (
             {"running": {"startedAt": c.started_at}} if running else {"waiting": {"reason": "ContainerCreating"}}
         )
+        phase = "Running"
+        if c.exit_code is not None:
+            phase = "Succeeded" if c.exit_code == 0 else "Failed"
+            state = {"terminated": {"exitCode": c.exit_code, "startedAt": c.started_at, "finishedAt": _now(),
+                                    "reason": "Completed" if c.exit_code == 0 else "Error"}}  # fmt: skip
         status = {
-            "phase": "Running",
+            "phase": phase,
             "hostIP": "10.0.0.1",
             "podIP": c.pod_ip,
             "podIPs": [{"ip": c.pod_ip}],

@@ -1,14 +1,14 @@
-"""manifests/, the renderer, and the Dockerfile.
+"""The chart (manifests/chart) as the real helm renders it, the plain YAML made from it, and the Dockerfile.
 
 Schemas come from kubernetes-validate in strict mode (unknown fields fail), at the oldest
-Kubernetes the manifests claim (1.30: matchConditions GA, the preStop sleep action) and the
-newest the package ships. The selector checks evaluate the label selectors the way the apiserver
+Kubernetes the chart claims (1.30: matchConditions GA, the preStop sleep action) and the
+newest the package ships (the real apiserver's own check is tests/e2e/test_install.py). The
+selector checks evaluate the label selectors the way the apiserver
 does, against namespaces labelled as an adversary might label them.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime
 import re
@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from webhook import manifest_files, manifests
-from webhook.manifests import RenderError, render
+from tests.support import chart
+from tests.support.chart import HelmFailed
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,22 +87,46 @@ def ca_bundle(ca_pem: bytes) -> str:
     return base64.b64encode(ca_pem).decode("ascii")
 
 
+def given_ca(ca_bundle: str) -> dict[str, Any]:
+    """certs.mode secret: the installer's own certificate, and its CA as the caBundle."""
+    return {"certs": {"mode": "secret", "secret": {"caBundle": ca_bundle}}}
+
+
+def render(values: Mapping[str, Any] | None = None, namespace: str = "hopsworks") -> list[dict[str, Any]]:
+    """The install's objects; the uninstall hook's (run by helm at uninstall only) are `hooks`."""
+    return [o for o in chart.render(values, namespace) if not is_hook(o)]
+
+
+def hooks(values: Mapping[str, Any] | None = None, namespace: str = "hopsworks") -> list[dict[str, Any]]:
+    return [o for o in chart.render(values, namespace) if is_hook(o)]
+
+
+def is_hook(obj: Mapping[str, Any]) -> bool:
+    return "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+
+
+def refused(values: Mapping[str, Any], message: str, namespace: str = "hopsworks") -> str:
+    """helm refuses these values with `message` (the schema's or the chart's) and renders nothing."""
+    with pytest.raises(HelmFailed) as failed:
+        chart.template(values, namespace)
+    assert message in failed.value.stderr, failed.value.stderr
+    return failed.value.stderr
+
+
 @pytest.fixture
 def example_values(ca_bundle: str) -> dict[str, Any]:
-    values = manifest_files.load_values(EXAMPLE_VALUES)
-    values.pop("caFile")
-    values["caBundle"] = ca_bundle
-    return values
+    values: dict[str, Any] = yaml.safe_load(EXAMPLE_VALUES.read_text())
+    return {**values, **given_ca(ca_bundle)}
 
 
 @pytest.fixture
 def rendered(ca_bundle: str) -> list[dict[str, Any]]:
-    return render({"caBundle": ca_bundle})
+    return render(given_ca(ca_bundle))
 
 
 def file_objects() -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in manifest_files.resource_files(MANIFESTS):
+    for path in sorted(MANIFESTS.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 out.append((path.name, doc))
@@ -181,13 +205,6 @@ def env_value(c: Mapping[str, Any], name: str) -> Any:
     return entry.get("value", entry.get("valueFrom"))
 
 
-def run_cli(argv: list[str]) -> int:
-    from webhook.cli import build_parser
-
-    args: argparse.Namespace = build_parser().parse_args(argv)
-    return manifests.manifests_command(args)
-
-
 # -- schema ---------------------------------------------------------------------------------------
 
 
@@ -214,39 +231,46 @@ def test_the_manifest_files_hold_the_expected_objects_in_apply_order() -> None:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_every_rendered_object_passes_the_schema(example_values: dict[str, Any], version: str) -> None:
-    objects = render({**example_values, "namespace": "platform", "clientCAKey": "client-ca.crt"})
-    assert len(objects) == len(file_objects())
+    values = {**example_values, "createNamespace": True, "certs": {**example_values["certs"], "clientCAKey": "ca.crt"}}
+    objects = render(values, "platform")
+    assert {o["kind"] for o in objects} >= {o["kind"] for _, o in file_objects()}
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-def test_values_example_renders_through_the_cli(
-    tmp_path: Path, ca_pem: bytes, capsys: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # As manifests/README.md has it: from the checkout's root, the values copied anywhere; a relative
-    # caFile is read from the current directory, not from the values file's folder.
-    (tmp_path / "certs" / "cluster").mkdir(parents=True)
-    (tmp_path / "certs" / "cluster" / "ca.crt").write_bytes(ca_pem)
-    (tmp_path / "elsewhere").mkdir()
-    values = tmp_path / "elsewhere" / "my-values.yaml"
-    values.write_text(EXAMPLE_VALUES.read_text())
-    monkeypatch.chdir(tmp_path)
-    assert run_cli(["manifests", "--values", str(values)]) == 0
-    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
-    assert [d["kind"] for d in docs] == [o["kind"] for _, o in file_objects()]
-    bundle = webhooks(docs)["mutate-pods.scheduling.hopsworks.ai"]["clientConfig"]["caBundle"]
-    assert base64.b64decode(bundle) == ca_pem
+def test_the_example_values_pass_the_schema_and_lint(example_values: dict[str, Any]) -> None:
+    # As manifests/README.md has it: the example copied and edited, given with -f.
+    out = chart.helm("lint", str(chart.CHART), "--strict", "--namespace", "hopsworks", values=example_values)
+    assert "0 chart(s) failed" in out, out
+    docs = render(yaml.safe_load(EXAMPLE_VALUES.read_text()))
+    settings = ClusterSettings.from_configmap_data(one(docs, "ConfigMap", SETTINGS_CONFIGMAP)["data"])
+    assert settings.scheduler.defaults.priority_class == "hopsworks-normal"
 
 
-def test_a_missing_ca_file_names_the_directory_it_was_read_from(
-    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"caFile": "certs/cluster/ca.crt"}))
-    monkeypatch.chdir(tmp_path)
-    assert run_cli(["manifests", "--values", str(values)]) == 1
-    err = capsys.readouterr().err
-    assert f"cannot read certs/cluster/ca.crt (relative to the current directory, {tmp_path})" in err
+def test_certs_mode_helm_issues_a_ca_and_a_serving_certificate_for_the_service() -> None:
+    objects = render({}, "platform")
+    secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+    ca_pem = base64.b64decode(secrets["scheduling-webhook-tls-ca"]["data"]["tls.crt"])
+    serving = secrets["scheduling-webhook-tls"]["data"]
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert = x509.load_pem_x509_certificate(base64.b64decode(serving["tls.crt"]))
+    assert base64.b64decode(serving["ca.crt"]) == ca_pem
+    assert cert.issuer == ca.subject
+    ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes, *_verify_args(cert))  # type: ignore[call-arg, arg-type]
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "scheduling-webhook.platform.svc" in names
+    for hook in webhooks(objects).values():
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem, hook["name"]
+    # The pods mount the serving pair only: the CA's key is in a Secret of its own.
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert "scheduling-webhook-tls" in mounted and "scheduling-webhook-tls-ca" not in mounted
+
+
+def _verify_args(cert: x509.Certificate) -> tuple[Any, ...]:
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    return (padding.PKCS1v15(), cert.signature_hash_algorithm)
 
 
 def test_manifests_folder_holds_only_kubernetes_objects() -> None:
@@ -266,8 +290,8 @@ def test_raw_webhook_configurations_carry_no_placeholder_ca() -> None:
 
 
 def test_example_priority_classes_are_shipped() -> None:
-    values = manifest_files.load_values(EXAMPLE_VALUES)
-    named = set(values["settings"]["scheduler"]["available"]["priorityClasses"])
+    values = yaml.safe_load(EXAMPLE_VALUES.read_text())
+    named = set(values["variables"]["scheduler"]["available"]["priorityClasses"])
     shipped = list(yaml.safe_load_all((ROOT / "examples" / "priorityclasses.yaml").read_text()))
     for obj in shipped:
         kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
@@ -275,11 +299,10 @@ def test_example_priority_classes_are_shipped() -> None:
     assert "examples/priorityclasses.yaml" in (MANIFESTS / "README.md").read_text()
 
 
-def test_cert_manager_switch_issues_the_secret_and_injects_the_ca() -> None:
-    objects = render({"namespace": "platform", "certManager": {"enabled": True}})
+def test_cert_manager_mode_issues_the_secret_and_injects_the_ca() -> None:
+    objects = render({"certs": {"mode": "certManager"}}, "platform")
     kinds = [o["kind"] for o in objects]
-    # Issuer and Certificate right after the Service, before the Deployment that mounts the Secret.
-    assert kinds.index("Service") < kinds.index("Issuer") < kinds.index("Certificate") < kinds.index("Deployment")
+    assert {"Issuer", "Certificate"} <= set(kinds) and "Secret" not in kinds
     certificate = next(o for o in objects if o["kind"] == "Certificate")
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     mounted = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "certs")
@@ -293,22 +316,21 @@ def test_cert_manager_switch_issues_the_secret_and_injects_the_ca() -> None:
 
 
 def test_cert_manager_with_an_issuer_of_the_cluster_and_refusals(ca_bundle: str) -> None:
-    objects = render({"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}})
+    issuer = {"kind": "ClusterIssuer", "name": "corp-ca"}
+    objects = render({"certs": {"mode": "certManager", "certManager": {"issuerRef": issuer}}})
     assert "Issuer" not in [o["kind"] for o in objects]
     certificate = next(o for o in objects if o["kind"] == "Certificate")
     assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
-    with pytest.raises(RenderError, match="leave caBundle and caFile out"):
-        render({"caBundle": ca_bundle, "certManager": {"enabled": True}})
-    with pytest.raises(RenderError, match="unknown keys"):
-        render({"caBundle": ca_bundle, "certManager": {"enable": True}})
+    refused({"certs": {"mode": "certManager", "secret": {"caBundle": ca_bundle}}}, "cert-manager injects the CA")
+    refused({"certs": {"mode": "certManager", "certManager": {"enable": True}}},
+            "at '/certs/certManager': additional properties 'enable' not allowed")  # fmt: skip
 
 
-def test_metrics_switches_add_scrape_annotations_and_a_service_monitor(ca_bundle: str) -> None:
-    plain = render({"caBundle": ca_bundle})
-    assert "ServiceMonitor" not in [o["kind"] for o in plain]
-    objects = render(
-        {"caBundle": ca_bundle, "namespace": "platform", "metrics": {"scrapeAnnotations": True, "serviceMonitor": True}}
-    )
+def test_metrics_switches_add_scrape_annotations_a_service_monitor_and_alert_rules(ca_bundle: str) -> None:
+    plain = render(given_ca(ca_bundle))
+    assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in plain}
+    metrics = {"scrapeAnnotations": True, "serviceMonitor": True, "alertRules": True}
+    objects = render({**given_ca(ca_bundle), "metrics": metrics}, "platform")
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/scheme"] == "https"
@@ -318,80 +340,78 @@ def test_metrics_switches_add_scrape_annotations_and_a_service_monitor(ca_bundle
     service = next(o for o in objects if o["kind"] == "Service")
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["tlsConfig"]["serverName"] == "scheduling-webhook.platform.svc"
-    with pytest.raises(RenderError, match=r"metrics\.serviceMonitor"):
-        render({"caBundle": ca_bundle, "metrics": {"serviceMonitor": "yes"}})
-
-
-def test_out_writes_one_file_per_object_in_apply_order(tmp_path: Path, ca_bundle: str) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"caBundle": ca_bundle, "namespace": "platform"}))
-    out = tmp_path / "out"
-    assert run_cli(["manifests", "--values", str(values), "--out", str(out)]) == 0
-    files = sorted(out.iterdir())
-    expected = render({"caBundle": ca_bundle, "namespace": "platform"})
-    assert [yaml.safe_load(f.read_text()) for f in files] == expected
-    assert all(re.match(r"^\d{2}-", f.name) for f in files)
+    rule = one(objects, "PrometheusRule")
+    summaries = [r["annotations"]["summary"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any("{{ $labels.deployment }}" in s for s in summaries), summaries  # Prometheus's template, not helm's
+    refused({"metrics": {"serviceMonitor": "yes"}}, "at '/metrics/serviceMonitor': got string, want boolean")
 
 
 # -- refusals ----------------------------------------------------------------------------------
+
+CONFLICT = "Kueue and Run:ai cannot both be on"
 
 
 @pytest.mark.parametrize(
     "values",
     [
-        {"settings": {"kueue_installed": True, "run_ai_enable": True, "run_ai_client_id": "hw"}},
-        {"settings": {"kueue_installed": "true", "run_ai_enable": "true", "run_ai_client_id": "hw"}},
+        {"variables": {"kueue_installed": True, "run_ai_enable": True, "run_ai_client_id": "hw"}},
         {
-            "settings": {"run_ai_enable": True, "run_ai_client_id": "hw"},
-            "global": {"_hopsworks": {"kueue": {"enabled": True}}},
+            "variables": {"run_ai_enable": True, "run_ai_client_id": "hw"},
+            "global": {"_hopsworks": {"kueue": {"enabled": True}}, "other": "the umbrella's"},
         },
     ],
-    ids=["flags", "string-flags", "helm-kueue-flag"],
+    ids=["kueue_installed", "global-kueue"],
 )
-def test_render_refuses_kueue_and_runai_both_on(
-    values: dict[str, Any], ca_bundle: str, tmp_path: Path, capsys: Any
-) -> None:
-    with pytest.raises(RenderError, match="cannot both be true"):
-        render({**values, "caBundle": ca_bundle})
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({**values, "caBundle": ca_bundle}))
-    assert run_cli(["manifests", "--values", str(path)]) != 0
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "refusing to render" in captured.err and "run_ai_enable" in captured.err
+def test_helm_refuses_kueue_and_runai_both_on(values: dict[str, Any]) -> None:
+    message = refused(values, CONFLICT)
+    assert "variables.run_ai_enable" in message and "global._hopsworks.kueue.enabled" in message
 
 
-def test_either_one_alone_renders(ca_bundle: str) -> None:
-    render({"caBundle": ca_bundle, "settings": {"kueue_installed": True}})
-    render(
-        {
-            "caBundle": ca_bundle,
-            "settings": {"run_ai_enable": True, "run_ai_client_id": "hw"},
-            "global": {"_hopsworks": {"kueue": {"enabled": False}}},
-        }
-    )
+def test_either_one_alone_renders() -> None:
+    kueue = render({"global": {"_hopsworks": {"kueue": {"enabled": True}}}})
+    assert one(kueue, "ConfigMap", SETTINGS_CONFIGMAP)["data"]["kueue_installed"] == "true"
+    runai = render({"variables": {"run_ai_enable": True, "run_ai_client_id": "hw"},
+                    "global": {"_hopsworks": {"kueue": {"enabled": False}}}})  # fmt: skip
+    assert one(runai, "ConfigMap", SETTINGS_CONFIGMAP)["data"]["run_ai_enable"] == "true"
+    reader = [o for o in runai if o["metadata"].get("namespace") == "runai"]
+    assert sorted(o["kind"] for o in reader) == ["Role", "RoleBinding"]
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"namespaec": "x"}, "unknown values"),
-        ({"settings": {"run_ai_enabled": True}}, "unknown keys"),
-        ({"settings": {"run_ai_project_gpu_quota": -1}}, "run_ai_project_gpu_quota"),
-        ({"settings": {"scheduler": "available: [unclosed"}}, "scheduler"),
-        ({"settings": {"run_ai_enable": True, "run_ai_client_id": ""}}, "run_ai_client_id"),
-        ({"namespace": "kube-system"}, "system namespace"),
-        ({"namespace": "Not_A_Name"}, "not a valid namespace"),
-        ({"replicas": 0}, "replicas"),
-        ({"installers": "group:system:masters"}, "installers"),
-        ({"caBundle": None}, "no CA"),
-        ({"caBundle": "not base64!"}, "base64"),
-        ({"caBundle": base64.b64encode(b"hello").decode()}, "PEM"),
+        ({"namespaec": "x"}, "at '': additional properties 'namespaec' not allowed"),
+        (
+            {"variables": {"run_ai_enabled": True}},
+            "at '/variables': additional properties 'run_ai_enabled' not allowed",
+        ),
+        ({"variables": {"run_ai_enable": "true"}}, "at '/variables/run_ai_enable': got string, want boolean"),
+        ({"variables": {"run_ai_project_gpu_quota": -1}}, "at '/variables/run_ai_project_gpu_quota': minimum"),
+        (
+            {"variables": {"run_ai_default_department": "Data_Science"}},
+            "at '/variables/run_ai_default_department': 'Data_Science' does not match pattern",
+        ),
+        ({"variables": {"run_ai_default_department": "d" * 64}}, "at '/variables/run_ai_default_department'"),
+        (
+            {"variables": {"run_ai_enable": True, "run_ai_client_id": ""}},
+            "variables.run_ai_enable is true but variables.run_ai_client_id is empty",
+        ),
+        ({"replicas": 0}, "at '/replicas': minimum"),
+        ({"installers": "group:system:masters"}, "at '/installers': got string, want array"),
+        ({"certs": {"mode": "secret", "secret": {"caBundle": "not base64!"}}}, "at '/certs/secret/caBundle'"),
+        (
+            {"global": {"_hopsworks": {"kueue": {"enabled": "yes"}}}},
+            "at '/global/_hopsworks/kueue/enabled': got string, want boolean",
+        ),
     ],
 )
-def test_render_refuses_bad_values(values: dict[str, Any], message: str, ca_bundle: str) -> None:
-    with pytest.raises(RenderError, match=message):
-        render({"caBundle": ca_bundle, **values})
+def test_helm_refuses_bad_values_naming_the_value(values: dict[str, Any], message: str) -> None:
+    refused(values, message)
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "default"])
+def test_helm_refuses_a_system_namespace(namespace: str) -> None:
+    refused({}, f"the release namespace {namespace!r} is a system namespace".replace("'", '"'), namespace)
 
 
 # -- webhook configurations ----------------------------------------------------------------------
@@ -462,7 +482,7 @@ def test_quota_and_scheduling_fail_closed(rendered: list[dict[str, Any]]) -> Non
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
 def test_pod_webhooks_reach_project_namespaces_only(install_namespace: str, ca_bundle: str) -> None:
-    hooks = webhooks(render({"caBundle": ca_bundle, "namespace": install_namespace}))
+    hooks = webhooks(render(given_ca(ca_bundle), install_namespace))
     for name in POD_HOOKS:
         hook = hooks[name]
         assert hook_reaches(hook, "team-a"), name
@@ -474,9 +494,7 @@ def test_pod_webhooks_reach_project_namespaces_only(install_namespace: str, ca_b
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
 def test_settings_webhook_reaches_only_the_install_namespace(install_namespace: str, ca_bundle: str) -> None:
-    hook = webhooks(render({"caBundle": ca_bundle, "namespace": install_namespace}))[
-        "validate-settings.scheduling.hopsworks.ai"
-    ]
+    hook = webhooks(render(given_ca(ca_bundle), install_namespace))["validate-settings.scheduling.hopsworks.ai"]
     assert hook["rules"] == [
         {
             "apiGroups": [""],
@@ -588,7 +606,7 @@ def test_service_and_pdb_select_the_webhook_pods(rendered: list[dict[str, Any]])
 
 
 def test_single_replica_drops_the_pdb(ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "replicas": 1})
+    objects = render({**given_ca(ca_bundle), "replicas": 1})
     assert one(objects, "Deployment")["spec"]["replicas"] == 1
     assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
 
@@ -654,7 +672,7 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
 def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "namespace": install_namespace})
+    objects = render(given_ca(ca_bundle), install_namespace)
     account = one(objects, "ServiceAccount")["metadata"]
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
@@ -670,7 +688,7 @@ def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bu
 
 
 def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "namespace": "platform"})
+    objects = render({**given_ca(ca_bundle), "createNamespace": True}, "platform")
     assert one(objects, "Namespace")["metadata"]["name"] == "platform"
     for obj in objects:
         if obj["kind"] not in CLUSTER_SCOPED:
@@ -685,15 +703,15 @@ def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
 
 
 def test_create_namespace_false_leaves_it_out(ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "createNamespace": False})
+    objects = render({**given_ca(ca_bundle), "createNamespace": False})
     assert not [o for o in objects if o["kind"] == "Namespace"]
 
 
 def test_settings_values_reach_the_configmap(example_values: dict[str, Any]) -> None:
     values = {
         **example_values,
-        "settings": {
-            **example_values["settings"],
+        "variables": {
+            **example_values["variables"],
             "run_ai_enable": True,
             "run_ai_client_id": "hopsworks-sa",
             "run_ai_project_gpu_quota": 1.5,
@@ -710,6 +728,14 @@ def test_settings_values_reach_the_configmap(example_values: dict[str, Any]) -> 
     assert "hopsworks-high" in settings.scheduler.available.priority_classes
 
 
+def test_the_chart_sets_every_key_of_the_settings() -> None:
+    # Every setting the server reads is a value of the chart's variables (and only those).
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+    assert set(values["variables"]) == set(ClusterSettings.model_fields)
+    schema = yaml.safe_load((chart.CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["variables"]["properties"]) == set(ClusterSettings.model_fields)
+
+
 def test_settings_configmap_in_the_files_has_every_key_and_parses() -> None:
     configmap = next(o for _, o in file_objects() if o["kind"] == "ConfigMap")
     assert configmap["metadata"]["name"] == SETTINGS_CONFIGMAP
@@ -721,22 +747,21 @@ def test_settings_configmap_in_the_files_has_every_key_and_parses() -> None:
 
 def test_deployment_values_are_applied(ca_bundle: str) -> None:
     values = {
-        "caBundle": ca_bundle,
-        "image": "registry.example.com/hw/scheduling-webhook:9.9.9",
+        "certs": {"mode": "secret", "secret": {"caBundle": ca_bundle}, "secretName": "my-tls",
+                  "clientCAKey": "client-ca.crt"},
+        "image": {"repository": "registry.example.com/hw/scheduling-webhook", "tag": "9.9.9"},
         "replicas": 3,
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
         "priorityClassName": "hopsworks-platform",
-        "tlsSecretName": "my-tls",
-        "clientCAKey": "client-ca.crt",
         "installers": ["system:serviceaccount:hopsworks:installer", "group:platform-admins"],
-        "settings": {"run_ai_client_secret_name": "runai-sa", "run_ai_client_secret_key": "secret"},
-    }
+        "variables": {"run_ai_client_secret_name": "runai-sa", "run_ai_client_secret_key": "secret"},
+    }  # fmt: skip
     objects = render(values)
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     c = container(objects)
     assert deployment["spec"]["replicas"] == 3
-    assert c["image"] == values["image"]
+    assert c["image"] == "registry.example.com/hw/scheduling-webhook:9.9.9"
     assert c["resources"] == values["resources"]
     assert pod["priorityClassName"] == "hopsworks-platform"
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -748,16 +773,10 @@ def test_deployment_values_are_applied(ca_bundle: str) -> None:
 
 
 def test_no_runai_secret_named_means_no_runai_volume(ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "settings": {"run_ai_client_secret_name": ""}})
+    objects = render({**given_ca(ca_bundle), "variables": {"run_ai_client_secret_name": ""}})
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     assert "runai-client-secret" not in {v["name"] for v in pod["volumes"]}
     assert "runai-client-secret" not in {m["name"] for m in container(objects)["volumeMounts"]}
-
-
-def test_render_does_not_change_the_files(ca_bundle: str) -> None:
-    before = file_objects()
-    render({"caBundle": ca_bundle, "namespace": "platform", "replicas": 5})
-    assert file_objects() == before
 
 
 # -- Dockerfile ----------------------------------------------------------------------------------
@@ -808,7 +827,7 @@ def test_dockerfile_bakes_in_no_secrets() -> None:
 
 @pytest.mark.parametrize("client_ca_key", ["", "client-ca.crt"])
 def test_probes_use_the_probe_port_with_or_without_a_client_ca(ca_bundle: str, client_ca_key: str) -> None:
-    objects = render({"caBundle": ca_bundle, "clientCAKey": client_ca_key})
+    objects = render({"certs": {"mode": "secret", "secret": {"caBundle": ca_bundle}, "clientCAKey": client_ca_key}})
     c = container(objects)
     flags = dict(zip(c["args"][1::2], c["args"][2::2], strict=False))
     named = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -835,20 +854,19 @@ def test_kubectl_apply_of_the_manifests_folder_leaves_the_network_policy_out() -
         if isinstance(doc, dict)
     ]
     assert "NetworkPolicy" not in kinds
-    assert (MANIFESTS / "optional" / "networkpolicy.yaml").is_file()
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_bundle: str, version: str) -> None:
     values = {
-        "caBundle": ca_bundle,
-        "namespace": "platform",
+        **given_ca(ca_bundle),
         "networkPolicy": {"enabled": True, "apiserverCIDRs": ["10.0.0.10/32", "fd00::1/128"]},
     }
-    objects = render(values)
+    objects = render(values, "platform")
     kinds = [o["kind"] for o in objects]
     policy = one(objects, "NetworkPolicy")
     kubernetes_validate.validate(policy, version, strict=True)
+    # helm installs NetworkPolicies right after Namespaces: before the webhooks send reviews.
     assert kinds.index("NetworkPolicy") < kinds.index("ValidatingWebhookConfiguration")
     assert policy["metadata"]["namespace"] == "platform"
     labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
@@ -866,20 +884,22 @@ def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        ({"enabled": True}, "apiserverCIDRs: name the addresses"),
-        ({"enabled": True, "apiserverCIDRs": ["not-an-ip"]}, "not an address range"),
-        ({"enabled": True, "apiserverCIDRs": ["10.0.0.1/32"], "apiClient": []}, "unknown keys"),
+        ({"enabled": True}, "networkPolicy.apiserverCIDRs: name the addresses"),
+        ({"enabled": True, "apiserverCIDRs": ["not-an-ip"]}, "at '/networkPolicy/apiserverCIDRs/0'"),
+        (
+            {"enabled": True, "apiserverCIDRs": ["10.0.0.1/32"], "apiClient": []},
+            "at '/networkPolicy': additional properties 'apiClient' not allowed",
+        ),
     ],
 )
 def test_network_policy_refuses_values_that_would_lock_out_the_apiserver(
     ca_bundle: str, policy: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(RenderError, match=message):
-        render({"caBundle": ca_bundle, "networkPolicy": policy})
+    refused({**given_ca(ca_bundle), "networkPolicy": policy}, message)
 
 
 def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None:
-    objects = render({"caBundle": ca_bundle, "namespace": "platform"})
+    objects = render({**given_ca(ca_bundle), "createNamespace": True}, "platform")
     policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
     assert len(policies) == 2
     for policy in policies:
@@ -891,3 +911,36 @@ def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None
     assert set(bindings) == {p["metadata"]["name"] for p in policies}
     own = bindings["hopsworks-scheduling-webhook-own-objects"]["spec"]["matchResources"]["namespaceSelector"]
     assert own["matchExpressions"][0]["values"] == ["platform"]
+
+
+# -- the uninstall hook -------------------------------------------------------------------------------
+
+
+def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_itself() -> None:
+    objects = hooks({}, "platform")
+    assert sorted(o["kind"] for o in objects) == sorted(
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+    )
+    for obj in objects:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "post-delete", obj["kind"]
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded", obj["kind"]
+        kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
+    weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in objects}
+    assert max(w for k, w in weights.items() if k != "Job") < weights["Job"]  # its RBAC first
+    job = one(objects, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][0] == "uninstall-cleanup" and pod["restartPolicy"] == "Never"
+    account = one(objects, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == account != "scheduling-webhook"
+    # Only what the cleanup does: namespaces patched, the server's ConfigMaps and Lease deleted.
+    cluster = rules_of(objects, "ClusterRole")
+    assert allows(cluster, "", "namespaces", "patch") and not allows(cluster, "", "namespaces", "delete")
+    role = rules_of(objects, "Role")
+    assert allows(role, "", "configmaps", "delete") and allows(role, "coordination.k8s.io", "leases", "delete",
+                                                                   "scheduling-webhook-leader")  # fmt: skip
+    assert not allows(role, "coordination.k8s.io", "leases", "delete", "someone-elses-lease")
+    for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
+        assert "secrets" not in rule["resources"] and "*" not in rule["verbs"]
+    assert not hooks({"uninstallCleanup": {"enabled": False}})

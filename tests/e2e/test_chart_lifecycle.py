@@ -1,0 +1,352 @@
+"""The chart's whole life with the real helm, on a control plane of its own (the session's keeps its
+install): `helm install` gives webhooks that answer and mutate; `helm upgrade` with changed values
+changes the settings and rolls the pods while a loop creating pods sees no refusal; `helm rollback`
+brings the old settings back; the CA never changes; the Kueue + Run:ai conflict and a bad value fail
+install and upgrade with their message and change nothing; `helm uninstall` leaves project
+namespaces that delete, and nothing of the chart's but what is listed as left on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import KUBECONFIG_ENV, PRIORITY_CLASSES, Cluster, _report
+from tests.support import chart
+from tests.support.control_plane.cluster import ControlPlane, control_plane
+from tests.support.control_plane.install import (
+    INSTALL_NS,
+    RUNAI_NAMESPACE,
+    SETTINGS,
+    TLS_SECRET,
+    Install,
+    helm,
+    helm_install,
+    installed,
+)
+from tests.support.control_plane.rest import Rest, RestError
+from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
+from webhook.snapshot import RUNAI_PROJECT_ID_LABEL
+
+pytestmark = pytest.mark.slow
+
+Obj = dict[str, Any]
+IMAGE = "registry.example/notebook:1.0"
+# The install's settings offer two classes; the default is what a changed value changes.
+SCHEDULER = {"available": {"priorityClasses": ["batch", "normal"]}, "defaults": {"priorityClass": "normal"}}
+VALUES: Obj = {"variables": {"scheduler": SCHEDULER, "run_ai_reconcile_interval_s": 2}}
+CONFLICT = "Kueue and Run:ai cannot both be on"
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[ControlPlane]:
+    if os.environ.get(KUBECONFIG_ENV):
+        pytest.skip("a given cluster is in use: helm install and uninstall need a control plane of their own")
+    dir = Path(tempfile.mkdtemp(prefix="swh-chart-plane-"))
+    try:
+        with control_plane(dir) as cp:
+            for name, value, policy in PRIORITY_CLASSES:
+                obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                            "value": value, "globalDefault": False}  # fmt: skip
+                if policy:
+                    obj["preemptionPolicy"] = policy
+                cp.apply([obj])
+            yield cp
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def release(plane: ControlPlane) -> Iterator[Install]:
+    with installed(plane, plane.dir / "install", VALUES) as inst:
+        yield inst
+
+
+@pytest.fixture
+async def cluster(release: Install, tmp_path: Path) -> AsyncIterator[Cluster]:
+    home = tmp_path / "home"
+    home.mkdir()
+    yield Cluster(release.cp.admin_kubeconfig, home, str(release.cp.kubectl_bin), release)
+
+
+def pod(name: str, namespace: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"}},
+            "spec": {"containers": [{"name": "main", "image": IMAGE}]}}  # fmt: skip
+
+
+def revision(cp: ControlPlane) -> int:
+    history = yaml.safe_load(helm(cp, "history", chart.RELEASE, "--namespace", INSTALL_NS, "--output", "yaml"))
+    return int(history[-1]["revision"])
+
+
+def ca_secrets(cp: ControlPlane) -> tuple[str, str]:
+    """The chart's CA (its Secret) and the serving Secret's ca.crt: what every caBundle must stay."""
+    ca = cp.get_json("secret", f"{TLS_SECRET}-ca", "-n", INSTALL_NS)["data"]["tls.crt"]
+    return ca, cp.get_json("secret", TLS_SECRET, "-n", INSTALL_NS)["data"]["ca.crt"]
+
+
+def ca_bundles(cp: ControlPlane) -> set[str]:
+    bundles = set()
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        for obj in cp.get_json(kind, "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]:
+            bundles |= {h["clientConfig"]["caBundle"] for h in obj["webhooks"]}
+    return bundles
+
+
+@dataclass
+class Creations:
+    """Pods created one after another through the apiserver (both webhooks on their path) until stopped."""
+
+    rest: Rest
+    namespace: str
+    interval_s: float = 0.2
+    results: list[tuple[float, float, int, str]] = field(default_factory=list)  # start, end, status, message
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Creations:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            start = time.monotonic()
+            try:
+                self.rest.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", pod(f"roll-{n}", self.namespace))
+                status, message = 201, ""
+            except RestError as exc:
+                status, message = exc.status, str(exc)
+            except OSError as exc:
+                status, message = 0, repr(exc)
+            self.results.append((start, time.monotonic(), status, message))
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - start)))
+
+    def refusals(self) -> list[str]:
+        return [m for _, _, status, m in self.results if status != 201]
+
+    def longest_gap_s(self, after: float = 0.0, before: float = float("inf")) -> float:
+        """The longest time between two successive creations returning (the admission gap seen),
+        over the creations that returned between `after` and `before` (monotonic clock)."""
+        ends = [end for _, end, status, _ in self.results if status == 201 and after <= end < before]
+        return max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
+
+    def slowest_s(self) -> float:
+        return max((end - start for start, end, _, _ in self.results), default=0.0)
+
+
+async def created(cluster: Cluster, name: str, namespace: str) -> Obj:
+    await cluster.apply(pod(name, namespace))
+    return await cluster.get("pod", name, namespace)
+
+
+def server_pods(cp: ControlPlane) -> set[str]:
+    items = cp.get_json("pods", "-n", INSTALL_NS, "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]
+    return {p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+async def test_install_upgrade_and_rollback(cluster: Cluster, release: Install, pytestconfig: pytest.Config) -> None:
+    cp = release.cp
+    # helm install: the release is deployed, the webhooks answer, a project's pod is mutated.
+    status = helm(cp, "status", chart.RELEASE, "--namespace", INSTALL_NS)
+    assert "STATUS: deployed" in status and "Certificates: certs.mode helm (the chart's own CA" in status, status
+    project = await cluster.project("life")
+    assert (await created(cluster, "first", project))["spec"]["priorityClassName"] == "normal"
+    plain = f"plain-{uuid.uuid4().hex[:6]}"
+    await cluster.ok("create", "namespace", plain)
+    cluster.namespaces.append(plain)
+    assert "priorityClassName" not in (await created(cluster, "other", plain))["spec"]  # not a project
+    ca_before, bundles_before = ca_secrets(cp), ca_bundles(cp)
+    assert bundles_before == {ca_before[0]} and ca_before[0] == ca_before[1]
+    pods_before, at = server_pods(cp), revision(cp)
+
+    # helm upgrade with a changed setting and a changed pod template, pods created all along.
+    batch_default = {**SCHEDULER, "defaults": {"priorityClass": "batch"}}
+    changed = {
+        **VALUES,
+        "podAnnotations": {"rolled": "once"},
+        "variables": {**VALUES["variables"], "scheduler": batch_default},
+    }
+    rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
+    loop = Creations(rest, project).start()
+    try:
+        await asyncio.sleep(10)  # the same loop with nothing rolling, to compare with
+        started = time.monotonic()
+        out = await asyncio.to_thread(helm_install, cp, changed, "--wait", "--timeout", "5m", command="upgrade")
+        upgraded_s = time.monotonic() - started
+        # --wait returns once the new pods are Ready; the old ones drain (preStop) after that.
+        await cluster.eventually(lambda: not (server_pods(cp) & pods_before) and len(server_pods(cp)) == 2,
+                                 "the old replicas gone", within_s=120)  # fmt: skip
+        await asyncio.sleep(2)
+    finally:
+        loop.stop()
+    assert f"REVISION: {at + 1}" in out, out
+    steady, rolling = loop.longest_gap_s(before=started), loop.longest_gap_s(after=started)
+    _report(pytestconfig, f"\nhelm upgrade (pods rolled): {len(loop.results)} pod creations, "
+            f"{len(loop.refusals())} refused; longest gap between successes {rolling * 1000:.0f} ms while rolling, "
+            f"{steady * 1000:.0f} ms in the 10 s before (x{rolling / max(steady, 1e-3):.1f}); slowest creation "
+            f"{loop.slowest_s() * 1000:.0f} ms; helm upgrade --wait {upgraded_s:.1f} s")  # fmt: skip
+    assert loop.refusals() == [], loop.refusals()[:5]
+    assert len(loop.results) > 10
+    data = cp.get_json("configmap", SETTINGS, "-n", INSTALL_NS)["data"]
+    assert "priorityClass: batch" in data["scheduler"]
+    assert (await created(cluster, "after-upgrade", project))["spec"]["priorityClassName"] == "batch"
+    assert (ca_secrets(cp), ca_bundles(cp)) == (ca_before, bundles_before)  # the upgrade kept the CA
+
+    # helm rollback: the previous revision's settings again, the CA still the same.
+    out = await asyncio.to_thread(helm, cp, "rollback", chart.RELEASE, str(at), "--namespace", INSTALL_NS, "--wait",
+                                  "--timeout", "5m")  # fmt: skip
+    assert "Rollback was a success" in out, out
+    assert revision(cp) == at + 2
+    assert "priorityClass: normal" in cp.get_json("configmap", SETTINGS, "-n", INSTALL_NS)["data"]["scheduler"]
+
+    async def back_to_normal() -> bool:
+        stored = await created(cluster, f"rolled-back-{uuid.uuid4().hex[:4]}", project)
+        return stored["spec"]["priorityClassName"] == "normal"
+
+    await cluster.eventually(back_to_normal, "pods mutated with the rolled-back settings", within_s=30)
+    assert (ca_secrets(cp), ca_bundles(cp)) == (ca_before, bundles_before)
+    release.wait_ready()
+
+
+def serving(cp: ControlPlane) -> tuple[str, str]:
+    secret = cp.get_json("secret", TLS_SECRET, "-n", INSTALL_NS)
+    return secret["data"]["tls.crt"], secret["metadata"]["annotations"]["scheduling.hopsworks.ai/not-after"]
+
+
+async def test_an_upgrade_near_the_certificates_end_renews_it_from_the_same_ca_without_a_gap(
+    cluster: Cluster, release: Install, pytestconfig: pytest.Config
+) -> None:
+    cp = release.cp
+    project = await cluster.project("renew")
+    ca, bundles, (cert, not_after) = ca_secrets(cp), ca_bundles(cp), serving(cp)
+    # An upgrade with nothing changed keeps the serving certificate as it is.
+    await asyncio.to_thread(helm_install, cp, VALUES, "--wait", command="upgrade")
+    assert serving(cp) == (cert, not_after)
+    reloads = release.metric("webhook_certificate_reloads_total", result="success")
+    reloads = reloads if len(reloads) == 2 else [0.0, 0.0]  # no sample before a first reload
+    # Within renewBeforeDays of its end (here: a window longer than its life), the next upgrade renews it.
+    renew = {**VALUES, "certs": {"helm": {"renewBeforeDays": 400}}}
+    rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
+    loop = Creations(rest, project).start()
+    try:
+        await asyncio.to_thread(helm_install, cp, renew, "--wait", command="upgrade")
+        renewed = serving(cp)
+        assert renewed[0] != cert and int(renewed[1]) >= int(not_after)
+
+        def reloaded() -> bool:
+            now = release.metric("webhook_certificate_reloads_total", result="success")
+            return len(now) == 2 and all(b > a for a, b in zip(reloads, now, strict=True))
+
+        await cluster.eventually(reloaded, "both replicas serving the renewed certificate", within_s=60)
+        await asyncio.sleep(1)
+    finally:
+        loop.stop()
+    _report(pytestconfig, f"\nhelm upgrade (certificate renewed): {len(loop.results)} pod creations, "
+            f"{len(loop.refusals())} refused; longest gap {loop.longest_gap_s() * 1000:.0f} ms")  # fmt: skip
+    assert loop.refusals() == [], loop.refusals()[:5]
+    assert (ca_secrets(cp), ca_bundles(cp)) == (ca, bundles)  # the same CA: no caBundle changed
+    # The pods were not restarted for it: the same two replicas reloaded the files.
+    assert len(release.runner.running()) == 2
+
+
+async def test_the_conflict_and_a_bad_value_fail_install_and_upgrade_with_their_message(release: Install) -> None:
+    cp = release.cp
+    at = revision(cp)
+    conflicts = [
+        {"variables": {"kueue_installed": True, "run_ai_enable": True, "run_ai_client_id": "hw"}},
+        {"variables": {"run_ai_enable": True, "run_ai_client_id": "hw"}, "global": {"_hopsworks": {"kueue": {
+            "enabled": True}}}},
+    ]  # fmt: skip
+    bad = {"variables": {"run_ai_default_department": "Data_Science"}}
+    schema = "at '/variables/run_ai_default_department': 'Data_Science' does not match"
+    for values, message in [*((c, CONFLICT) for c in conflicts), (bad, schema)]:
+        with pytest.raises(chart.HelmFailed) as upgrade:
+            helm_install(cp, {**VALUES, **values}, command="upgrade")
+        assert message in upgrade.value.stderr and upgrade.value.stderr.count("Error:") == 1, upgrade.value.stderr
+        # A fresh install (another release, another namespace) fails alike, before it creates anything.
+        with pytest.raises(chart.HelmFailed) as install:
+            helm(
+                cp, "install", "second", str(chart.CHART), "--namespace", "second", "--create-namespace", values=values
+            )
+        assert message in install.value.stderr, install.value.stderr
+    assert revision(cp) == at  # nothing was upgraded
+    assert "second" not in helm(cp, "list", "--all-namespaces", "--short")
+    assert not [n for n in cp.get_json("namespaces")["items"] if n["metadata"]["name"] == "second"]
+
+
+async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
+    cluster: Cluster, release: Install
+) -> None:
+    cp, runai = release.cp, release.runai
+    # Run:ai on, as the platform's docs say: the values, then helm upgrade. A project's first pod
+    # binds it: this server's finalizer, label and annotation on the namespace.
+    runai_on = {**VALUES, "variables": {**VALUES["variables"], "run_ai_enable": True, "run_ai_url": runai.url,
+                                        "run_ai_client_id": runai.client_id}}  # fmt: skip
+    await asyncio.to_thread(helm_install, cp, runai_on, "--wait", command="upgrade")
+    project = await cluster.project("bound")
+
+    async def bound_pod_admitted() -> bool:
+        result = await cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pod("nb", project)))
+        return result.rc == 0
+
+    await cluster.eventually(bound_pod_admitted, f"a pod of {project} admitted once it is bound", within_s=60)
+    meta = (await cluster.get("namespace", project))["metadata"]
+    assert FINALIZER in meta.get("finalizers", []) and RUNAI_PROJECT_ID_LABEL in meta["labels"], meta
+    assert cp.get_json("lease", "scheduling-webhook-leader", "-n", INSTALL_NS)
+
+    out = await asyncio.to_thread(helm, cp, "uninstall", chart.RELEASE, "--namespace", INSTALL_NS, "--wait",
+                                  "--timeout", "5m")  # fmt: skip
+    assert "uninstalled" in out, out
+    meta = (await cluster.get("namespace", project))["metadata"]
+    assert FINALIZER not in meta.get("finalizers", []), meta
+    assert RUNAI_PROJECT_ID_LABEL not in meta["labels"] and BINDING_ANNOTATION not in meta.get("annotations", {})
+    assert meta["labels"]["runai/queue"] == project  # left on purpose: Run:ai still schedules it
+    # Deleting the project namespace now completes: nothing waits for a finalizer of ours.
+    await cluster.ok("delete", "namespace", project, "--wait=false")
+
+    async def gone() -> bool:
+        result = await cluster.kubectl("get", "namespace", project)
+        return result.rc != 0 and "NotFound" in result.stderr
+
+    await cluster.eventually(gone, f"{project} deleted", within_s=90)
+
+    # Nothing of the chart's is left: no object with its label, in any kind it renders, nor the release.
+    assert chart.RELEASE not in helm(cp, "list", "--all-namespaces", "--short")
+    kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,jobs"
+    cluster_kinds = ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
+                     "validatingadmissionpolicies,validatingadmissionpolicybindings")  # fmt: skip
+    for namespace in (INSTALL_NS, RUNAI_NAMESPACE):
+        left = cp.get_json(kinds, "-n", namespace, "-l", "app.kubernetes.io/name")["items"]
+        assert left == [], [(o["kind"], o["metadata"]["name"]) for o in left]
+    left = cp.get_json(cluster_kinds, "-l", "app.kubernetes.io/name")["items"]
+    assert left == [], [(o["kind"], o["metadata"]["name"]) for o in left]
+    configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
+    assert configmaps <= {"kube-root-ca.crt", "runai-projects-left"}, configmaps  # the record, left on purpose
+    secrets = {o["metadata"]["name"] for o in cp.get_json("secrets", "-n", INSTALL_NS)["items"]}
+    assert secrets == {"runai-hopsworks"}, secrets  # the Run:ai client's: the operator's own
+    assert not cp.get_json("leases", "-n", INSTALL_NS)["items"]
+    assert not cp.get_json("pods,jobs", "-n", INSTALL_NS)["items"]
+    # What stays in Run:ai: the project of the namespace (nothing of ours runs to delete it).
+    assert [p for p in runai.projects.values() if p["name"] == project], runai.projects
