@@ -22,7 +22,6 @@ attacker with many pods has many addresses (docs/ARCHITECTURE.md, "Connections")
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 # Tiers of `Tracked.eviction_rank`: the lower goes first.
@@ -49,9 +48,6 @@ class ConnectionTable(Generic[C]):
 
     def __len__(self) -> int:
         return len(self._open)
-
-    def __iter__(self) -> Iterator[C]:
-        return iter(list(self._open))
 
     def add(self, connection: C) -> None:
         self._open[connection] = None
