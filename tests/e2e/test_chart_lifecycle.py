@@ -11,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,18 +29,22 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import KUBECONFIG_ENV, PRIORITY_CLASSES, Cluster, _report
-from tests.support import chart
+from tests.support import chart, peers
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import (
+    APP_SELECTOR,
     INSTALL_NS,
     RUNAI_NAMESPACE,
     SETTINGS,
     TLS_SECRET,
     Install,
+    _network_args,
     helm,
     helm_install,
     installed,
 )
+from tests.support.control_plane.pod_runner import PodRunner
+from tests.support.control_plane.processes import free_port
 from tests.support.control_plane.rest import Rest, RestError
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL
@@ -332,7 +340,17 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
 
     await cluster.eventually(gone, f"{project} deleted", within_s=90)
 
-    # Nothing of the chart's is left: no object with its label, in any kind it renders, nor the release.
+    nothing_of_the_chart_left(cp)
+    configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
+    assert configmaps <= {"kube-root-ca.crt", "runai-projects-left"}, configmaps  # the record, left on purpose
+    secrets = {o["metadata"]["name"] for o in cp.get_json("secrets", "-n", INSTALL_NS)["items"]}
+    assert secrets == {"runai-hopsworks"}, secrets  # the Run:ai client's: the operator's own
+    # What stays in Run:ai: the project of the namespace (nothing of ours runs to delete it).
+    assert [p for p in runai.projects.values() if p["name"] == project], runai.projects
+
+
+def nothing_of_the_chart_left(cp: ControlPlane) -> None:
+    """No object with the chart's label in any kind it renders, no release, no Lease, pod or Job."""
     assert chart.RELEASE not in helm(cp, "list", "--all-namespaces", "--short")
     kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,jobs"
     cluster_kinds = ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
@@ -342,11 +360,69 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
         assert left == [], [(o["kind"], o["metadata"]["name"]) for o in left]
     left = cp.get_json(cluster_kinds, "-l", "app.kubernetes.io/name")["items"]
     assert left == [], [(o["kind"], o["metadata"]["name"]) for o in left]
-    configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
-    assert configmaps <= {"kube-root-ca.crt", "runai-projects-left"}, configmaps  # the record, left on purpose
-    secrets = {o["metadata"]["name"] for o in cp.get_json("secrets", "-n", INSTALL_NS)["items"]}
-    assert secrets == {"runai-hopsworks"}, secrets  # the Run:ai client's: the operator's own
     assert not cp.get_json("leases", "-n", INSTALL_NS)["items"]
     assert not cp.get_json("pods,jobs", "-n", INSTALL_NS)["items"]
-    # What stays in Run:ai: the project of the namespace (nothing of ours runs to delete it).
-    assert [p for p in runai.projects.values() if p["name"] == project], runai.projects
+
+
+def readme_block(heading: str) -> list[str]:
+    """The commands of the first bash block under `heading` in manifests/README.md, comments dropped."""
+    text = (chart.PLAIN_DIR / "README.md").read_text()
+    section = text[text.index(heading) + len(heading) :]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert block, heading
+    return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def run_as_an_operator(commands: list[str], cwd: Path, cp: ControlPlane, home: Path) -> None:
+    """Each command as written, with the real kubectl and helm on PATH and the cluster's kubeconfig."""
+    bin = home / "bin"
+    bin.mkdir(parents=True, exist_ok=True)
+    for name, target in (("kubectl", cp.kubectl_bin), ("helm", peers.binary("helm"))):
+        if not (bin / name).exists():
+            (bin / name).symlink_to(target)
+    env = {"PATH": f"{bin}:/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(cp.admin_kubeconfig)}
+    for command in commands:
+        done = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+
+
+async def test_the_readme_from_helm_install_to_helm_uninstall(release: Install, tmp_path: Path) -> None:
+    """manifests/README.md's Install and Uninstall blocks, run as written on this control plane
+    (after the release above is gone): nothing else is needed for working webhooks and a clean exit."""
+    cp = release.cp
+    nothing_of_the_chart_left(cp)
+    release.runner.stop()  # a kubelet of its own for the new release's pods, on its new Service's IP
+    rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
+    ip: dict[str, str] = {}
+
+    def service_ip() -> str:
+        if "ip" not in ip:
+            ip["ip"] = runner.probe_host = cp.service_ip(INSTALL_NS, "scheduling-webhook")
+        return ip["ip"]
+
+    runner = PodRunner(
+        rest, INSTALL_NS, APP_SELECTOR,
+        programs={"scheduling-webhook": [str(Path(sys.executable).parent / "scheduling-webhook")]},
+        network_args=lambda pod, port: _network_args(pod, service_ip(), port), probe_host="",
+        free_port=lambda: free_port(service_ip()), dir=tmp_path / "pods", apiserver_url=cp.url, ca_file=cp.pki.ca_file,
+    ).start()  # fmt: skip
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("examples", "manifests"):
+        (checkout / name).symlink_to(peers.REPO / name)
+    home = tmp_path / "home"
+    cluster = Cluster(cp.admin_kubeconfig, home, str(cp.kubectl_bin), None)
+    try:
+        install = readme_block("## Install\n")
+        assert any(c.startswith("helm install ") and "--wait" in c for c in install), install
+        await asyncio.to_thread(run_as_an_operator, install, checkout, cp, home)
+        # The webhooks answer: a project's pod gets the example settings' default class.
+        project = await cluster.project("readme")
+        assert (await created(cluster, "nb", project))["spec"]["priorityClassName"] == "hopsworks-normal"
+        uninstall = readme_block("## Uninstall\n")
+        assert uninstall == ["helm uninstall scheduling-webhook --namespace hopsworks --wait"]
+        await asyncio.to_thread(run_as_an_operator, uninstall, checkout, cp, home)
+        nothing_of_the_chart_left(cp)
+        await cluster.ok("delete", "namespace", project, "--wait=true", "--timeout=90s")
+    finally:
+        runner.stop()
