@@ -171,9 +171,7 @@ class MoveSteps:
             RUNAI_PROJECT_ID_LABEL: project.id,
             RUNAI_QUEUE_LABEL: project.name,
         }
-        await self.records.settle(namespace, intent, labels)
-        if self.directory is not None:
-            self.directory.note_project(namespace, project)
+        await self._settle_on(namespace, intent, project, labels)
         reminder = reminder_text(project.name, intent.runai_to["name"])
         message = (
             f"moved {namespace} from {label_text(intent.from_department)} to {label_text(intent.to_department)}; "
@@ -187,9 +185,7 @@ class MoveSteps:
         self, namespace: str, intent: MoveIntent, project: Project, reason: str, *, unreachable: bool
     ) -> MoveResult:
         # The re-created project has a new id: keep owning it, or R4 would never delete it.
-        await self.records.settle(namespace, intent, {RUNAI_PROJECT_ID_LABEL: project.id})
-        if self.directory is not None:
-            self.directory.note_project(namespace, project)
+        await self._settle_on(namespace, intent, project, {RUNAI_PROJECT_ID_LABEL: project.id})
         note = rollback_text(project.name, intent.runai_from["name"])
         message = (
             f"the move of {namespace} to {label_text(intent.to_department)} failed: the Run:ai project {project.name} "
@@ -199,6 +195,14 @@ class MoveSteps:
         await self.event(namespace, "RunaiProjectMoveFailed", message, warning=True)
         result = self.result(namespace, intent, "rolled-back", message, new_project_id=project.id, reminder=note)
         raise MoveRolledBack(message, namespace=namespace, result=result, unreachable=unreachable)
+
+    async def _settle_on(
+        self, namespace: str, intent: MoveIntent, project: Project, labels: dict[str, str | None]
+    ) -> None:
+        """The move's end written (labels set, intent removed), and `project` known to the directory now."""
+        await self.records.settle(namespace, intent, labels)
+        if self.directory is not None:
+            self.directory.note_project(namespace, project)
 
     async def abandon(self, namespace: str, obj: Obj, intent: MoveIntent, cause: RunaiError | None) -> MoveResult:
         # The old project was never deleted: nothing happened in Run:ai, so dropping the intent is the rollback.
