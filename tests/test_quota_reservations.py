@@ -191,11 +191,13 @@ async def test_the_other_replicas_cache_sees_the_reservation_through_the_watch(
     assert "0 of 1 deserved GPUs left" in (await b.handler(notebook("uid-2"))).message
 
 
-@pytest.mark.parametrize("watch", [True, False], ids=["caches fed by the watch", "caches lagging behind"])
-async def test_two_replicas_racing_for_the_last_gpus_admit_exactly_the_quota(
-    kube: KubeEmulator, replicas: Callable[..., Any], watch: bool
+async def test_two_replicas_whose_caches_lag_behind_racing_for_the_last_gpus_admit_exactly_the_quota(
+    kube: KubeEmulator, replicas: Callable[..., Any]
 ) -> None:
-    a, b = await replicas(2, deserved=3, watch=watch)
+    """Replicas whose reservation watch shows nothing (a lag the real apiserver cannot be made to
+    have): the ConfigMap's resourceVersion alone keeps them to the quota. The race with the watch
+    running is tests/e2e/test_two_replicas.py's, through the real apiserver."""
+    a, b = await replicas(2, deserved=3, watch=False)
     kube.latency = 0.003  # a real round trip widens the window between read and write
     requests = [((a, b)[i % 2], notebook(f"uid-{i}")) for i in range(12)]
     decisions: list[Decision] = await asyncio.gather(*(r.handler(req) for r, req in requests))
@@ -208,9 +210,6 @@ async def test_two_replicas_racing_for_the_last_gpus_admit_exactly_the_quota(
     )
     assert len(stored(kube)) == 3
     assert writes(kube) > 3  # the replicas did collide: some writes were refused with 409
-    if watch:  # both replicas' caches converge on the same three reservations
-        for r in (a, b):
-            await eventually(lambda r=r: len(r.store.reservations("vision")) == 3, message="caches converge")
 
 
 async def test_expired_reservations_are_pruned_on_the_next_write(

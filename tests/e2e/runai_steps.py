@@ -7,6 +7,7 @@ import asyncio
 import json
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -86,10 +87,25 @@ async def call_server(local: Install, method: str, path: str, token: str, body: 
     """An HTTPS call to the install's Service, as a user of its APIs makes it (either replica answers)."""
     ctx = ssl.create_default_context(cafile=str(local.dir / "ca.crt"))
     ctx.check_hostname = False  # the certificate names the Service, not its address
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as session:
         url = f"https://{local.service_ip}:443{path}"
-        async with session.request(method, url, ssl=ctx, json=body, headers={"Authorization": f"Bearer {token}"}) as r:
+        async with session.request(method, url, ssl=ctx, json=body, headers=headers) as r:
             return r.status, json.loads(await r.text() or "null")
+
+
+async def review_pod(local: Install, path: str, pod: Obj, *, dry_run: bool = True) -> Obj:
+    """One AdmissionReview of creating `pod`, as the apiserver sends it, on a connection of its own:
+    the kernel spreads new connections over the replicas listening on the Service's address."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
+        "dryRun": dry_run, "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+    }}  # fmt: skip
+    status, answer = await call_server(local, "POST", path, "", review)
+    assert status == 200, (status, answer)
+    return dict(answer["response"])
 
 
 async def move(local: Install, token: str, project: str, department: str | None, within_s: float = 40) -> Any:
