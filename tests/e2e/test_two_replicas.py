@@ -1,5 +1,6 @@
 """The install's two replicas on the real cluster: leader election through the real Lease, GPU
-reservations racing through a real ConfigMap's resourceVersion."""
+reservations racing through a real ConfigMap's resourceVersion, and what each replica knows
+after the other moved a project to another department."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import pytest
 
 from tests.e2e.conftest import Cluster, Obj, Result, _report
 from tests.e2e.runai_steps import (
+    admin_token,
     create_pod,
+    delete_pods,
+    ensure_department,
     gpu_notebook,
     in_standin,
+    move,
     namespace_meta,
     review_pod,
     wait_bound,
@@ -175,3 +180,48 @@ async def _quota_known(local: Install, template: Obj, project: str) -> bool:
     """Both replicas (asked over fresh connections) decide on the project's quota, not a retry."""
     answers = [await review_pod(local, "/validate/pods", _as(template, project, "probe")) for _ in range(6)]
     return all(a["allowed"] for a in answers)
+
+
+async def test_after_a_move_neither_replica_admits_on_the_replaced_projects_quota(cluster: Cluster) -> None:
+    """The move deletes the Run:ai project and creates one in the new department, without quota.
+    The replica that did not carry it out must not go on counting against the old project."""
+    local = cluster.needs_local("needs the Run:ai stand-in and the admin API")
+    await turn_runai_on(cluster)
+    await ensure_department(cluster, local, "moved-dept")
+    # The directory would otherwise catch up within 15 s and hide a replica still on the old project.
+    await cluster.settings(run_ai_directory_refresh_s="600")
+    await asyncio.sleep(1.5)  # the last 1 s refresh wait is over (setup)
+    token = await admin_token(cluster)
+    project = await cluster.project("mover")
+    await wait_bound(cluster, project)
+    first = await create_pod(cluster, gpu_notebook("before", project))
+    assert first.rc == 0, str(first)
+    stored = await cluster.get("pod", "before", project)  # as our mutating webhook labelled it
+    await delete_pods(cluster, project)
+    answer = await move(local, token, project, "moved-dept")
+    assert answer["outcome"] == "moved", answer
+    new = in_standin(local, lambda: local.runai.project(project))
+    assert new is not None and [r["gpu"]["deserved"] for r in new["resources"]] == [0]
+
+    # Through the apiserver, as users create pods: never admitted.
+    results = await asyncio.gather(*(
+        create_pod(cluster, gpu_notebook(f"after-{i}", project), "--dry-run=server") for i in range(8)
+    ))  # fmt: skip
+    for r in results:
+        assert r.rc != 0 and f"project {project} has 0 of 0 deserved GPUs left" in r.stderr, str(r)
+    # The apiserver keeps its connections, so it may have asked one replica only: ask both, each
+    # review on a connection of its own, until each replica has refused some.
+    mutated = {"apiVersion": "v1", "kind": "Pod", "metadata": {k: v for k, v in stored["metadata"].items()
+               if k in ("name", "namespace", "labels", "annotations")}, "spec": stored["spec"]}  # fmt: skip
+
+    def denied() -> list[float]:
+        return local.metric("webhook_admission_requests_total", endpoint="validate_pods", outcome="denied")
+
+    before = denied()
+    for _ in range(40):
+        answer = await review_pod(local, "/validate/pods", mutated)
+        assert not answer["allowed"], f"admitted on the old project's quota: {answer}"
+        assert f"project {project} has 0 of 0 deserved GPUs left" in answer["status"]["message"], answer
+        if all(b >= a + 3 for a, b in zip(before, denied(), strict=True)):
+            break
+    assert all(b >= a + 3 for a, b in zip(before, denied(), strict=True)), (before, denied())

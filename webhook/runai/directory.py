@@ -6,7 +6,9 @@ project is gone (`runai_missing`). A failed refresh publishes None and `runai_re
 quota check is then skipped for bound projects (Run:ai enforces the quota when it schedules), as
 the seed asks. A project bound after the last refresh (e.g. by another replica) is fetched on
 demand with `lookup`: one counted request-path call, short timeout, concurrent lookups of a
-namespace sharing it. With `run_ai_enable` off no call is made at all.
+namespace sharing it. A project replaced by a department move stops being published the moment the
+namespace cache shows the new project id (`follow_namespace`). With `run_ai_enable` off no call is
+made at all.
 """
 
 from __future__ import annotations
@@ -259,6 +261,24 @@ class RunaiDirectory:
             return
         snapshot = self.state.snapshot()
         snapshot.runai_missing = {**snapshot.runai_missing, namespace: queue}
+
+    def follow_namespace(self, namespace: str) -> None:
+        """The namespace cache changed `namespace`. When its label hopsworks.ai/runai-project-id now
+        names another project than the one published for it, that project was replaced (a
+        department move, carried out by any replica, deletes it and creates another): stop
+        publishing it at once, so that admission looks the current one up instead of counting
+        against the replaced project's quota until the next refresh."""
+        info = self.state.namespaces.get(namespace)
+        published = (self.state.snapshot().runai_projects or {}).get(namespace)
+        if info is None or published is None or info.runai_project_id in (None, published.id):
+            return
+        log.info(
+            "namespace %s is bound to Run:ai project id %s, not %s: the published record is dropped",
+            namespace,
+            info.runai_project_id,
+            published.id,
+        )
+        self.forget_project(published.id)
 
     def forget_project(self, project_id: str) -> None:
         """A binder deleted a project: stop publishing it."""

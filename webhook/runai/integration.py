@@ -226,6 +226,10 @@ class RunaiIntegration:
     def _on_cluster_event(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "ConfigMap":
             self._settings_changed()
+        elif kind == "Namespace" and event == "apply":
+            name = (obj.get("metadata") or {}).get("name")
+            if isinstance(name, str):
+                self.directory.follow_namespace(name)
 
     async def _watch_settings(self) -> None:
         while True:
