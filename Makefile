@@ -18,7 +18,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
+.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -86,6 +86,10 @@ bench: $(STAMP) peers
 # Pod creation through the real apiserver with and without the webhooks (bench/real_cluster.py).
 bench-cluster: $(STAMP) peers
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster $(BENCH_ARGS)
+
+# Pod creation through a `helm upgrade` that rolls the replicas, against the same loop with nothing rolling.
+bench-helm: $(STAMP) peers
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.helm_upgrade $(BENCH_ARGS)
 
 # A Deployment choosing a unit (one Kueue pod group) against one choosing none, with the real Kueue.
 bench-kueue: $(STAMP) peers

@@ -9,7 +9,6 @@ namespaces that delete, and nothing of the chart's but what is listed as left on
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import re
 import shlex
@@ -17,11 +16,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +42,8 @@ from tests.support.control_plane.install import (
 )
 from tests.support.control_plane.pod_runner import PodRunner
 from tests.support.control_plane.processes import free_port
-from tests.support.control_plane.rest import Rest, RestError
+from tests.support.control_plane.rest import Rest
+from tests.support.pod_creations import Creations
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL
 
@@ -113,55 +111,6 @@ def ca_bundles(cp: ControlPlane) -> set[str]:
         for obj in cp.get_json(kind, "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]:
             bundles |= {h["clientConfig"]["caBundle"] for h in obj["webhooks"]}
     return bundles
-
-
-@dataclass
-class Creations:
-    """Pods created one after another through the apiserver (both webhooks on their path) until stopped."""
-
-    rest: Rest
-    namespace: str
-    interval_s: float = 0.2
-    results: list[tuple[float, float, int, str]] = field(default_factory=list)  # start, end, status, message
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> Creations:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            n += 1
-            start = time.monotonic()
-            try:
-                self.rest.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", pod(f"roll-{n}", self.namespace))
-                status, message = 201, ""
-            except RestError as exc:
-                status, message = exc.status, str(exc)
-            except OSError as exc:
-                status, message = 0, repr(exc)
-            self.results.append((start, time.monotonic(), status, message))
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - start)))
-
-    def refusals(self) -> list[str]:
-        return [m for _, _, status, m in self.results if status != 201]
-
-    def longest_gap_s(self, after: float = 0.0, before: float = float("inf")) -> float:
-        """The longest time between two successive creations returning (the admission gap seen),
-        over the creations that returned between `after` and `before` (monotonic clock)."""
-        ends = [end for _, end, status, _ in self.results if status == 201 and after <= end < before]
-        return max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
-
-    def slowest_s(self) -> float:
-        return max((end - start for start, end, _, _ in self.results), default=0.0)
 
 
 async def created(cluster: Cluster, name: str, namespace: str) -> Obj:
