@@ -10,12 +10,16 @@ request; the same ServiceAccount writing anything else is denied with the policy
 from __future__ import annotations
 
 import json
+import re
+import ssl
+import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, Obj
 from tests.e2e.runai_steps import (
     DEPARTMENT_LABEL,
     FINALIZER,
@@ -31,11 +35,14 @@ from tests.e2e.runai_steps import (
 )
 from tests.e2e.test_kubectl import turn_runai_on
 from tests.support.control_plane.audit import summary
-from tests.support.control_plane.install import INSTALL_NS, LEASE, SERVICE_ACCOUNT_USER, SETTINGS
+from tests.support.control_plane.install import INSTALL_NS, LEASE, SERVICE_ACCOUNT_USER, SETTINGS, Install, secret
+from webhook.console.keys import format_keys, new_key
+from webhook.console.signouts import SIGNOUTS_CONFIGMAP as SIGNOUTS
 
 pytestmark = pytest.mark.slow
 OWN_OBJECTS = "hopsworks-scheduling-webhook-own-objects"
 NAMESPACES = "hopsworks-scheduling-webhook-namespaces"
+CONSOLE_KEYS = "scheduling-webhook-console"
 CONFIGMAPS_MESSAGE = (
     "scheduling-webhook writes only its GPU reservation ConfigMaps (gpu-reservations.*, labelled), "
     "runai-projects-left and scheduling-webhook-console-signouts, not "
@@ -78,6 +85,13 @@ async def test_a_whole_project_life_made_by_the_server_meets_no_policy_denial(
     assert moved["outcome"] == "moved", moved
     assert (await namespace_meta(cluster, project))["labels"][DEPARTMENT_LABEL] == "nlp-dept"
 
+    # The console: signed in and out (the sign-out is merged into the sign-outs ConfigMap).
+    await cluster.apply(console_keys())
+    try:
+        assert await console_sign_in_and_out(cluster, local, token) == 303
+    finally:
+        await cluster.ok("delete", "secret", CONSOLE_KEYS, "-n", INSTALL_NS)
+
     # Lead: the leader lets go of the Lease and takes it again (created anew, then renewed).
     local.release_leadership()
     await cluster.eventually(lambda: _lease_holder(cluster), "the Lease taken again", 30)
@@ -99,7 +113,36 @@ async def test_a_whole_project_life_made_by_the_server_meets_no_policy_denial(
     patched = {e.name for e in events if e.verb == "patch" and e.resource == "namespaces" and e.code < 400}
     assert project in patched
     configmaps = {e.name for e in events if e.is_write and e.resource == "configmaps" and e.code < 400}
-    assert f"gpu-reservations.{project}" in configmaps, configmaps
+    assert {f"gpu-reservations.{project}", SIGNOUTS} <= configmaps, configmaps
+
+
+def console_keys() -> Obj:
+    """The console's session key Secret, as `scheduling-webhook console-keys` writes its file."""
+    text = format_keys([new_key(time.time() - 60)])
+    return secret(CONSOLE_KEYS, INSTALL_NS, {"session-keys": text.encode()})
+
+
+async def console_sign_in_and_out(cluster: Cluster, local: Install, token: str) -> int:
+    """Sign in with a token, open the console, sign out; each replica mounts the keys (re-read every
+    5 s), so either may answer each step."""
+    base = f"https://{local.service_ip}"
+    ctx = ssl.create_default_context(cafile=str(local.dir / "ca.crt"))
+    ctx.check_hostname = False  # the certificate names the Service, not its address
+    origin = {"Origin": base}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+
+        async def signed_in() -> bool:
+            async with session.post(f"{base}/ui/signin", data={"token": token}, headers=origin, ssl=ctx,
+                                    allow_redirects=False) as resp:  # fmt: skip
+                return resp.status == 303
+
+        await cluster.eventually(signed_in, "sign-in with the session keys mounted", 30)
+        async with session.get(f"{base}/ui/", ssl=ctx) as resp:
+            found = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+        assert found is not None
+        async with session.post(f"{base}/ui/signout", data={"csrf": found.group(1)}, headers=origin, ssl=ctx,
+                                allow_redirects=False) as resp:  # fmt: skip
+            return resp.status
 
 
 async def _lease_holder(cluster: Cluster) -> str | None:
