@@ -7,7 +7,8 @@ response it sends is checked against the spec (`violations`); every request is l
 
 Faults: `stop_listening()`/`resume()` (connection refused, same port), `fail_next()` (status for
 the next N matching calls), `fail_when()` (status while a predicate holds, e.g. project creation
-in one department), `drop_next()` (connection closed without an answer), `latency`/`set_latency()`.
+in one department), `drop_next()` (connection closed without an answer), `latency`/`set_latency()`,
+`hold_next()` (the answer is computed from the state as it is, then kept back until released).
 """
 
 from __future__ import annotations
@@ -93,6 +94,25 @@ class Fault:
 
 
 @dataclass
+class Hold:
+    """The next matching request is answered from the state at its arrival, but the answer is kept
+    back until `release()`: a page of a list read before a change and received after it."""
+
+    method: str
+    path: str
+    query: Callable[[Mapping[str, str]], bool]
+    armed: bool = True
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # the held answer is computed
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def matches(self, method: str, path: str, query: Mapping[str, str]) -> bool:
+        return self.armed and method == self.method.upper() and path == self.path and self.query(query)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@dataclass
 class _Latency:
     seconds: float
     method: str | None = None
@@ -134,6 +154,7 @@ class RunaiStandin:
         self.node_pools: dict[str, dict[str, Any]] = {}  # by id
         self.node_pool_gpus: dict[str, dict[str, float | None]] = {}  # node pool id -> total/allocated
         self._faults: list[Fault] = []
+        self._holds: list[Hold] = []
         self._latencies: list[_Latency] = []
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -160,6 +181,8 @@ class RunaiStandin:
         await self._listen()
 
     async def stop(self) -> None:
+        for hold in self._holds:
+            hold.release()  # a held answer must not keep the server from stopping
         await self.stop_listening()
         for handle in self._deleting:
             handle.cancel()
@@ -432,8 +455,17 @@ class RunaiStandin:
         """Delay answers to matching requests (all requests: set `latency`)."""
         self._latencies.append(_Latency(seconds, method, path))
 
+    def hold_next(self, method: str, path: str, *, query: Callable[[Mapping[str, str]], bool] = lambda _: True) -> Hold:
+        """Keep back the answer to the next request to exactly `path` whose query `query` accepts."""
+        hold = Hold(method, path, query)
+        self._holds.append(hold)
+        return hold
+
     def clear_faults(self) -> None:
         self._faults.clear()
+        for hold in self._holds:
+            hold.release()
+        self._holds.clear()
         self._latencies.clear()
         self.latency = 0.0
 
@@ -497,7 +529,14 @@ class RunaiStandin:
                         request.transport.close()
                     raise _Dropped()
                 return _error(fault.status, "injected failure")
-        return await handler(request)
+        hold = next((h for h in self._holds if h.matches(request.method, request.path, request.query)), None)
+        if hold is None:
+            return await handler(request)
+        hold.armed = False
+        response = await handler(request)  # the state as it is now
+        hold.answered.set()
+        await hold._released.wait()
+        return response
 
     # ---- handlers -------------------------------------------------------------------------
 

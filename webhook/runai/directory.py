@@ -7,7 +7,8 @@ quota check is then skipped for bound projects (Run:ai enforces the quota when i
 the seed asks. A project bound after the last refresh (e.g. by another replica) is fetched on
 demand with `lookup`: one counted request-path call, short timeout, concurrent lookups of a
 namespace sharing it. A project replaced by a department move stops being published the moment the
-namespace cache shows the new project id (`follow_namespace`). With `run_ai_enable` off no call is
+namespace cache shows the new project id (`follow_namespace`), and a refresh whose list was read
+before the move does not publish it again (`core.runai_bindings`). With `run_ai_enable` off no call is
 made at all.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webhook.core.gpu_view import runai_project_info
+from webhook.core.runai_bindings import projects_by_namespace, replaced
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.runai.records import node_pool_record, project_record
@@ -186,18 +188,11 @@ class RunaiDirectory:
                 log.exception("Run:ai directory listener failed")
 
     def _by_namespace(self, view: DirectoryView) -> dict[str, RunaiProjectInfo]:
-        by_name = {p.name: p for p in view.projects}
-        out: dict[str, RunaiProjectInfo] = {}
-        # The namespace's runai/queue label is what binds it (also for projects adopted by name).
-        for ns in self.state.namespaces.values():
-            queue = ns.runai_queue
-            if queue and queue in by_name:
-                out[ns.name] = self.info(by_name[queue], ns.name, view)
-        for project in view.projects:
-            for namespace in (project.requested_namespace, project.namespace):
-                if namespace and namespace not in out:
-                    out[namespace] = self.info(project, namespace, view)
-        return out
+        # The namespace cache as it is now, not as it was when the list was asked for: a project
+        # a department move replaced meanwhile is left out (`core.runai_bindings`).
+        by_id = {p.id: p for p in view.projects}
+        chosen = projects_by_namespace(self.state.namespaces, [project_record(p) for p in view.projects])
+        return {ns: self.info(by_id[record.id], ns, view) for ns, record in chosen.items()}
 
     @staticmethod
     def info(
@@ -270,7 +265,7 @@ class RunaiDirectory:
         against the replaced project's quota until the next refresh."""
         info = self.state.namespaces.get(namespace)
         published = (self.state.snapshot().runai_projects or {}).get(namespace)
-        if info is None or published is None or info.runai_project_id in (None, published.id):
+        if info is None or published is None or not replaced(info, published.id):
             return
         log.info(
             "namespace %s is bound to Run:ai project id %s, not %s: the published record is dropped",
