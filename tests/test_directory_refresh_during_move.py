@@ -102,6 +102,9 @@ async def test_a_refresh_listed_before_a_move_does_not_publish_the_replaced_proj
         assert await asyncio.wait_for(refresh, 10)
         published = (runtime.state.snapshot().runai_projects or {}).get("vision")
         assert published is None or published.id == new["id"], f"the replaced project is published: {published}"
+        # The leader's drift check reads the refreshed list too: not the old project's department.
+        listed = directory.project_for_namespace("vision")
+        assert listed is None or listed.id == new["id"], f"the replaced project is listed for vision: {listed}"
 
         answer = await review(
             options,

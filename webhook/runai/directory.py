@@ -308,13 +308,15 @@ class RunaiDirectory:
         return self.view.department_names
 
     def project_for_namespace(self, namespace: str) -> Project | None:
-        """The Run:ai project `namespace` is bound to, as of the last refresh."""
+        """The Run:ai project `namespace` is bound to, as of the last refresh; never one its
+        project-id label says a move replaced (the refresh may have listed it before the move)."""
         if self.view is None:
             return None
         ns = self.state.namespaces.get(namespace)
+        current = [p for p in self.view.projects if ns is None or not replaced(ns, p.id)]
         queue = ns.runai_queue if ns is not None else None
         if queue:
-            named = next((p for p in self.view.projects if p.name == queue), None)
+            named = next((p for p in current if p.name == queue), None)
             if named is not None:
                 return named
-        return next((p for p in self.view.projects if p.bound_to(namespace)), None)
+        return next((p for p in current if p.bound_to(namespace)), None)
