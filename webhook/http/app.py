@@ -53,6 +53,7 @@ NOSNIFF = ("X-Content-Type-Options", "nosniff")
 # Error answers: nothing in between keeps them (a 401 or 503 is about this moment and this caller).
 NO_STORE = ("Cache-Control", "no-store")
 _ERROR_HEADERS = dict([NOSNIFF, NO_STORE])
+_ANSWER_HEADERS = dict([NOSNIFF])
 
 
 STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
@@ -89,6 +90,22 @@ def admission_route(
     internal_errors = ADMISSION_INTERNAL_ERRORS.labels(endpoint)
 
     async def route(request: web.Request) -> web.Response:
+        # No middleware around this route (see answering_as_json): its own answers are JSON and
+        # say nosniff, its errors no-store too, and nothing it raises escapes as a traceback.
+        try:
+            return await review(request)
+        except ConnectionError as exc:
+            # The client hung up (or a deadline closed it) before its body was read.
+            log.debug("POST %s: the client closed the connection before its body was read (%s)",
+                      request.path, type(exc).__name__)  # fmt: skip
+            return _json_error(400, "connection closed before the body was read")
+        except web.HTTPException as exc:
+            return _json_error(exc.status, exc.reason)
+        except Exception:
+            log.exception("unhandled error on POST %s", request.path)
+            return _json_error(500, "internal error; see the server log")
+
+    async def review(request: web.Request) -> web.Response:
         started = time.perf_counter()
         refused = _refuse_early(request)
         if refused is not None:
@@ -121,7 +138,7 @@ def admission_route(
         counted[outcome].inc()
         payload = dumps(build_response(version, review["uid"], decision))
         latency.observe(time.perf_counter() - started)
-        return web.Response(body=payload, content_type="application/json")
+        return web.Response(body=payload, content_type="application/json", headers=_ANSWER_HEADERS)
 
     return route
 
@@ -153,8 +170,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
-@web.middleware
-async def errors_as_json(
+async def _answer_as_json(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every error answer is JSON with a reason and `no-store`; unexpected ones never show a
@@ -179,6 +195,52 @@ async def errors_as_json(
         if response.status >= 400 and "no-store" not in headers.get(NO_STORE[0], ""):
             headers[NO_STORE[0]] = NO_STORE[1]
     return response
+
+
+@web.middleware
+async def errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """`_answer_as_json` for every route of an app (the probe listener's)."""
+    return await _answer_as_json(request, handler)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def answering_as_json(handler: Handler) -> Handler:
+    """`_answer_as_json` around one route's handler. The main app has no app-wide middleware:
+    aiohttp's middleware layer cost every admission review a few percent, and the admission
+    routes make their own answers JSON (`admission_route`)."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        return await _answer_as_json(request, handler)
+
+    return wrapped
+
+
+def _as_json_routes(routes: Iterable[web.AbstractRouteDef]) -> list[web.AbstractRouteDef]:
+    wrapped: list[web.AbstractRouteDef] = []
+    for route in routes:
+        if not isinstance(route, web.RouteDef):
+            raise TypeError(f"create_app serves RouteDefs only, got {route!r}")
+        wrapped.append(web.RouteDef(route.method, route.path, answering_as_json(route.handler), route.kwargs))
+    return wrapped
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    """The last route: what no other route serves is a JSON 404, or a 405 when another route
+    has the path but not the method (aiohttp would answer both in plain text)."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            _, methods = await resource.resolve(request)
+            allowed.update(methods)
+    if allowed:
+        response = _json_error(405, f"method {request.method} not allowed; allowed: {', '.join(sorted(allowed))}")
+        response.headers["Allow"] = ",".join(sorted(allowed))
+        return response
+    return _json_error(404, "Not Found")
 
 
 async def healthz(_: web.Request) -> web.Response:
@@ -209,22 +271,21 @@ def create_app(
 ) -> web.Application:
     """The application: `handlers` maps admission paths to handlers (`webhook.http.handlers`
     builds them), `routes` are the APIs beside them."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json])
+    app = web.Application(client_max_size=max_body_bytes)
     app[STATE_KEY] = state
     server_status = ServerStatus(readiness=[_caches_ready(state), *readiness], problems=[_settings_problem(state)])
     app[SERVER_KEY] = server_status
     for path, handler in handlers.items():
         endpoint = path.strip("/").replace("/", "_")
         app.router.add_post(path, admission_route(endpoint, handler, rules_read(state)), expect_handler=expect_continue)
-    _add_probe_routes(app)
-    app.router.add_routes(list(routes))
+    app.router.add_routes(_as_json_routes(_probe_routes()))
+    app.router.add_routes(_as_json_routes(routes))
+    app.router.add_route("*", "/{tail:.*}", answering_as_json(_not_found))
     return app
 
 
-def _add_probe_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+def _probe_routes() -> list[web.RouteDef]:
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)]
 
 
 def create_probe_app(main: web.Application) -> web.Application:
@@ -232,7 +293,7 @@ def create_probe_app(main: web.Application) -> web.Application:
     the metrics scraper reach them without a client certificate, and past the main port's cap."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[errors_as_json])
     app[SERVER_KEY] = main[SERVER_KEY]
-    _add_probe_routes(app)
+    app.router.add_routes(_probe_routes())
     return app
 
 
