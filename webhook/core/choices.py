@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from webhook.core.kueue import queue_placement, queue_refusal, queue_warning, topology_refusal
 from webhook.core.offer import CLUSTER, WORKLOAD, Level, SchedulingOffer
@@ -22,15 +23,17 @@ def not_allowed(what: str, chosen: Iterable[str], allowed: Sequence[str], projec
     return f"{what} {', '.join(chosen)} not available in project {project}; allowed: {listed}"
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedLabels:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class ResolvedLabels(NamedTuple):
     value: tuple[str, ...]
     level: Level
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ResolvedName:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class ResolvedName(NamedTuple):
     value: str | None  # None: nothing to set
     level: Level | None
     error: str | None = None
@@ -78,8 +81,9 @@ def resolve_topology(offer: SchedulingOffer, chosen: str | None) -> ResolvedName
     return ResolvedName(offer.default_topology, offer.default_topology_level)
 
 
-@dataclass(frozen=True, slots=True)
-class KueueResolution:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class KueueResolution(NamedTuple):
     """A workload's queue and topology unit, resolved against the offer and then checked against
     the cluster's Kueue objects (`core.kueue`): the queue must be a LocalQueue of the namespace, the
     unit a level of the Topology behind it. A default unit the queue cannot place is dropped

@@ -13,7 +13,7 @@ caches in the snapshot; nothing here calls out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from webhook.snapshot import (
     KUEUE_ADMISSION_GATE,
@@ -27,8 +27,9 @@ from webhook.snapshot import (
 SYSTEM_JOB = "system-job"
 
 
-@dataclass(frozen=True, slots=True)
-class QueuePlacement:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class QueuePlacement(NamedTuple):
     """What one LocalQueue of a namespace leads to: its ClusterQueue, the Topologies of the
     ClusterQueue's flavors, and the node labels those Topologies can place pods by."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.snapshot import ReplicaSetInfo
 
@@ -53,8 +53,9 @@ def group_name(replica_set: str, total: int) -> str:
     return replica_set[: MAX_GROUP_NAME - len(suffix)].rstrip("-.") + suffix
 
 
-@dataclass(frozen=True, slots=True)
-class GroupAnswer:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class GroupAnswer(NamedTuple):
     group: PodGroup | None = None  # None: the pod needs no group
     missing: str | None = None  # the ReplicaSet the pod names but the cache does not have yet
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -52,8 +52,9 @@ BINDING_SETTLE_S = 1.0
 REQUIRED_AFFINITY_PATH = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
 
 
-@dataclass(frozen=True, slots=True)
-class PodTarget:
+# Immutable like a frozen dataclass, but made for every review: a NamedTuple is built in a fifth
+# of the time (a frozen dataclass sets each field through object.__setattr__).
+class PodTarget(NamedTuple):
     """A pod CREATE in a project namespace: the only requests the scheduling rules touch.
 
     The maps the rules read are looked up once here: each rule used to look them up again, and
