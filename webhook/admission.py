@@ -406,10 +406,16 @@ def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]
     if decision.patch and decision.allowed:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(dumps(list(decision.patch))).decode()
+    # Each text is measured inline and shortened only when too long: a call per text was a
+    # noticeable part of the answer.
     if decision.warnings:
-        response["warnings"] = [shorten(w, MAX_WARNING_CHARS) for w in decision.warnings]
+        response["warnings"] = [
+            w if len(w) <= MAX_WARNING_CHARS else shorten(w, MAX_WARNING_CHARS) for w in decision.warnings
+        ]
     if decision.audit:
-        response["auditAnnotations"] = {k: shorten(v, MAX_AUDIT_CHARS) for k, v in decision.audit.items()}
+        response["auditAnnotations"] = {
+            k: v if len(v) <= MAX_AUDIT_CHARS else shorten(v, MAX_AUDIT_CHARS) for k, v in decision.audit.items()
+        }
     return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
 
 

@@ -291,6 +291,28 @@ def _inject_node_affinity(
             "simplify the pod's nodeAffinity"
         )
 
+    if not own_terms:
+        # The common case, a pod without required node affinity: one term per affinity key, each
+        # with every exclusion (keys are distinct, so nothing to deduplicate or to bound here).
+        new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
+    else:
+        error = _bounded(own_terms, groups)
+        if error is not None:
+            return error
+        new_terms = _combined_terms(own_terms, groups, excluded)
+        if new_terms == own_terms:
+            return None
+    if len(new_terms) > limit:
+        return (
+            f"the pod's required node affinity has {len(own_terms)} terms; combined with "
+            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than the limit of {limit}: "
+            "simplify the pod's nodeAffinity or choose fewer affinity labels"
+        )
+    _place_terms(target, required, new_terms, patch)
+    return None
+
+
+def _bounded(own_terms: list[dict[str, Any]], groups: Sequence[dict[str, Any] | None]) -> str | None:
     own_expressions = sum(len(e) for t in own_terms if isinstance(e := t.get("matchExpressions"), list))
     if own_expressions * len(groups) > MAX_RESULT_EXPRESSIONS:
         # Each own term is copied once per affinity key: bound what the patch would hold.
@@ -299,16 +321,17 @@ def _inject_node_affinity(
             f"{len(groups)} affinity label keys that is more than {MAX_RESULT_EXPRESSIONS}: simplify the "
             "pod's nodeAffinity or choose fewer affinity labels"
         )
+    return None
 
+
+def _combined_terms(
+    own_terms: list[dict[str, Any]], groups: list[dict[str, Any] | None], excluded: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The pod's own terms ANDed with ours (see `_inject_node_affinity`), each made once."""
     new_terms: list[dict[str, Any]] = []
-    if not own_terms:
-        # The common case, a pod without required node affinity: one term per affinity key, each
-        # with every exclusion (keys are distinct, so nothing to deduplicate).
-        new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
     made: set[bytes] = set()
-    # Only for a pod with terms of its own (not the common case): what makes ours recognisable.
-    ours = [_expression_key(x) for x in excluded] if own_terms else []
-    group_keys = [_expression_key(g) for g in groups if g is not None] if own_terms else []
+    ours = [_expression_key(x) for x in excluded]
+    group_keys = [_expression_key(g) for g in groups if g is not None]
     for term in own_terms:
         expressions = [e for e in term.get("matchExpressions") or () if isinstance(e, dict)]
         present = {k for e in expressions if (k := _expression_key(e)) is not None}  # linear, not pairwise
@@ -330,16 +353,13 @@ def _inject_node_affinity(
             if identity not in made:
                 made.add(identity)
                 new_terms.append(new_term)
+    return new_terms
 
-    if own_terms and new_terms == own_terms:
-        return None
-    if len(new_terms) > limit:
-        return (
-            f"the pod's required node affinity has {len(own_terms)} terms; combined with "
-            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than the limit of {limit}: "
-            "simplify the pod's nodeAffinity or choose fewer affinity labels"
-        )
 
+def _place_terms(
+    target: PodTarget, required: Mapping[str, Any], new_terms: list[dict[str, Any]], patch: PodPatch
+) -> None:
+    """The patch that puts `new_terms` in place, adding the parents the pod does not have."""
     if not isinstance(target.spec.get("affinity"), dict):
         required_value = {"nodeSelectorTerms": new_terms}
         patch.add(
@@ -355,7 +375,6 @@ def _inject_node_affinity(
         patch.add(REQUIRED_AFFINITY_PATH, {"nodeSelectorTerms": new_terms})
     else:
         patch.add(f"{REQUIRED_AFFINITY_PATH}/nodeSelectorTerms", new_terms)
-    return None
 
 
 # -- S1/S3: priority ---------------------------------------------------------------------------
