@@ -252,21 +252,14 @@ def _pod_spec_ok(spec: dict[str, Any]) -> bool:
                     kind = type(amount)
                     if kind is not str and kind is not int and kind is not float:
                         return False
-    affinity = spec.get("affinity")
-    if affinity is None:
-        return True
-    if type(affinity) is not dict:
-        return False
-    node_affinity = affinity.get("nodeAffinity")
-    if node_affinity is None:
-        return True
-    if type(node_affinity) is not dict:
-        return False
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is None:
-        return True
-    if type(required) is not dict:
-        return False
+    required: dict[str, Any] = spec
+    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
+        node = required.get(key)
+        if node is None:
+            return True
+        if type(node) is not dict:
+            return False
+        required = node
     terms = required.get("nodeSelectorTerms")
     if terms is None:
         return True
