@@ -129,6 +129,16 @@ class Cluster:
             await asyncio.sleep(0.2)
 
 
+def apply_priority_classes(cp: ControlPlane) -> None:
+    """The platform's PriorityClasses the suite's pods choose from (PRIORITY_CLASSES)."""
+    for name, value, policy in PRIORITY_CLASSES:
+        obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                    "value": value, "globalDefault": False}  # fmt: skip
+        if policy:
+            obj["preemptionPolicy"] = policy
+        cp.apply([obj])
+
+
 def _report(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
@@ -148,12 +158,7 @@ def real_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
             _report(
                 pytestconfig, f"\ncontrol plane at {cp.url} (services {cp.service_cidr}): {version} ready: {timings}"
             )
-            for name, value, policy in PRIORITY_CLASSES:
-                obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
-                            "value": value, "globalDefault": False}  # fmt: skip
-                if policy:
-                    obj["preemptionPolicy"] = policy
-                cp.apply([obj])
+            apply_priority_classes(cp)
             yield cp
     finally:
         shutil.rmtree(dir, ignore_errors=True)

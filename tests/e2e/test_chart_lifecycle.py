@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import KUBECONFIG_ENV, PRIORITY_CLASSES, Cluster, _report
+from tests.e2e.conftest import KUBECONFIG_ENV, Cluster, _report, apply_priority_classes
 from tests.support import chart, peers
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import (
@@ -64,12 +64,7 @@ def plane() -> Iterator[ControlPlane]:
     dir = Path(tempfile.mkdtemp(prefix="swh-chart-plane-"))
     try:
         with control_plane(dir) as cp:
-            for name, value, policy in PRIORITY_CLASSES:
-                obj: Obj = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
-                            "value": value, "globalDefault": False}  # fmt: skip
-                if policy:
-                    obj["preemptionPolicy"] = policy
-                cp.apply([obj])
+            apply_priority_classes(cp)
             yield cp
     finally:
         shutil.rmtree(dir, ignore_errors=True)

@@ -57,8 +57,8 @@ async def stored_pods(cluster: Cluster, namespace: str) -> AsyncIterator[list[Ob
         await reader
 
 
-def deployment(name: str, namespace: str) -> Obj:
-    labels = {"app": name, "hopsworks.ai/workload-type": "notebook"}
+def deployment(name: str, namespace: str, workload_type: str = "notebook") -> Obj:
+    labels = {"app": name, "hopsworks.ai/workload-type": workload_type}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},

@@ -19,21 +19,12 @@ import pytest
 
 from tests.e2e.conftest import Cluster, Obj
 from tests.e2e.runai_steps import FINALIZER, PROJECT_ID_LABEL, in_standin, namespace_meta, wait_bound
-from tests.e2e.test_kubectl import IMAGE, turn_runai_on
+from tests.e2e.test_first_pod import deployment
+from tests.e2e.test_kubectl import turn_runai_on
 from tests.support.control_plane.install import INSTALL_NS, SERVICE_ACCOUNT_USER, Install
 
 pytestmark = pytest.mark.slow
 LEFT = "runai-projects-left"
-
-
-def cpu_deployment(name: str, namespace: str) -> Obj:
-    labels = {"app": name, "hopsworks.ai/workload-type": "deployment"}
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [{"name": "main", "image": IMAGE}]}}},
-    }  # fmt: skip
 
 
 async def gone(cluster: Cluster, name: str) -> bool:
@@ -60,7 +51,7 @@ async def test_a_project_this_system_created_is_deleted_in_runai_before_the_name
     created = in_standin(local, lambda: local.runai.project(project))
     assert created is not None and meta["labels"][PROJECT_ID_LABEL] == created["id"]
     # Something for the namespace controller to delete: a Deployment, its ReplicaSet and pod.
-    await cluster.apply(cpu_deployment("web", project))
+    await cluster.apply(deployment("web", project, "deployment"))
     await cluster.eventually(lambda: cluster.list("pods", project, "-l", "app=web"), "the pod of Deployment web", 60)
 
     # Run:ai refuses the delete for now: the namespace is emptied but stays, Terminating, with our finalizer.
