@@ -54,6 +54,21 @@ async def connect(port: int, ctx: ssl.SSLContext | None) -> tuple[asyncio.Stream
     return await asyncio.open_connection(LOOPBACK, port, ssl=ctx, server_hostname=hostname)
 
 
+async def trickled_until_closed(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, byte: bytes, times: int
+) -> bool:
+    """Send `byte` every 0.1 s, up to `times` times; True once the server has closed the connection."""
+    for _ in range(times):
+        try:
+            writer.write(byte)
+            await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            return True
+        if await closed_within(reader, 0.1):
+            return True
+    return False
+
+
 async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
     """True when the server closes the connection (EOF or reset) within `seconds`."""
     try:
@@ -95,18 +110,9 @@ async def test_a_client_dribbling_headers_is_closed(https_server: StartHttpsServ
     reader, writer = await connect(srv.port, srv.client_ssl_context())
     writer.write(f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n".encode())
     started = time.monotonic()
-    closed = False
-    for _ in range(40):  # one header byte every 0.1 s, never the end of the head
-        try:
-            writer.write(b"X")
-            await writer.drain()
-        except (ConnectionError, ssl.SSLError):
-            closed = True
-            break
-        if await closed_within(reader, 0.1):
-            closed = True
-            break
-    assert closed and time.monotonic() - started < 1.2  # the header timeout, not the idle one
+    # one header byte every 0.1 s, never the end of the head
+    assert await trickled_until_closed(reader, writer, b"X", 40)
+    assert time.monotonic() - started < 1.2  # the header timeout, not the idle one
     writer.close()
 
 
@@ -209,18 +215,9 @@ async def test_a_slow_body_is_closed_at_the_body_deadline(https_server: StartHtt
     writer.write(slow_body_head() + b"{")
     await writer.drain()
     started = time.monotonic()
-    closed = False
-    for _ in range(30):  # a byte every 0.1 s: the head arrived at once, the body never ends
-        try:
-            writer.write(b" ")
-            await writer.drain()
-        except (ConnectionError, ssl.SSLError):
-            closed = True
-            break
-        if await closed_within(reader, 0.1):
-            closed = True
-            break
-    assert closed and time.monotonic() - started < 1.5
+    # a byte every 0.1 s: the head arrived at once, the body never ends
+    assert await trickled_until_closed(reader, writer, b" ", 30)
+    assert time.monotonic() - started < 1.5
     writer.close()
 
 

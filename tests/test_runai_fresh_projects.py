@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from tests.support.cluster import namespace, priority_class, runai_admission_objects, settings_configmap
@@ -23,9 +22,8 @@ from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import TOKEN, ServedRuntime, apiserver_session, start_runtime
 from webhook.runai.binding import FINALIZER
-from webhook.runtime import Runtime, ServeOptions
 
 SECRET = "fresh-projects-secret"
 INSTALL_NS = "hopsworks"
@@ -33,38 +31,20 @@ ROUNDS = 20
 
 
 @dataclass
-class Server:
-    runtime: Runtime
-    options: ServeOptions
-    session: aiohttp.ClientSession
-
-    async def review(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
-        async with self.session.post(f"{base_url(self.options)}{path}", json=review) as resp:
-            assert resp.status == 200, await resp.text()
-            return dict((await resp.json())["response"])
-
-    async def get(self, path: str, token: str) -> tuple[int, dict[str, Any]]:
-        async with self.session.get(
-            f"{base_url(self.options)}{path}", headers={"Authorization": f"Bearer {token}"}
-        ) as resp:
-            return resp.status, await resp.json()
-
-
-@dataclass
 class Env:
     emu: KubeEmulator
     runai: RunaiStandin
     tmp_path: Path
-    servers: list[Server]
+    servers: list[ServedRuntime]
 
-    async def start(self, name: str) -> Server:
+    async def start(self, name: str) -> ServedRuntime:
         secret_dir = self.tmp_path / "runai-secret"
         secret_dir.mkdir(exist_ok=True)
         (secret_dir / "clientSecret").write_text(SECRET)
         home = self.tmp_path / name
         home.mkdir()
         runtime, options, certs = await start_runtime(home, self.emu, runai_secret_dir=secret_dir)
-        server = Server(runtime, options, apiserver_session(certs))
+        server = ServedRuntime(runtime, options, apiserver_session(certs))
         self.servers.append(server)
         return server
 
@@ -153,7 +133,7 @@ async def test_two_replicas_racing_for_a_fresh_projects_last_gpu_never_both_admi
 # ---- item 8: the Run:ai project was deleted in Run:ai -------------------------------------------------
 
 
-async def bound_on_both(env: Env, servers: tuple[Server, ...], ns: str) -> str:
+async def bound_on_both(env: Env, servers: tuple[ServedRuntime, ...], ns: str) -> str:
     env.emu.create_object(namespace(ns))
     await wait_until(
         lambda: all(s.runtime.state.namespaces.get(ns) and s.runtime.state.namespaces[ns].runai_queue for s in servers),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from tests.support.cluster import (
@@ -32,8 +31,7 @@ from tests.support.https import wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
-from webhook.runtime import Runtime, ServeOptions
+from tests.support.runtime import TOKEN, ServedRuntime, apiserver_session, start_runtime
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL
 
 SECRET = "unseen-namespace-secret"
@@ -42,16 +40,7 @@ CONCURRENT = 8  # reviews sent at once to each replica for the one new namespace
 
 
 @dataclass
-class Replica:
-    runtime: Runtime
-    options: ServeOptions
-    session: aiohttp.ClientSession
-
-    async def review(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
-        async with self.session.post(f"{base_url(self.options)}{path}", json=review) as resp:
-            assert resp.status == 200, await resp.text()
-            return dict((await resp.json())["response"])
-
+class Replica(ServedRuntime):
     def knows(self, name: str) -> bool:
         return name in self.runtime.state.namespaces
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,24 @@ async def binding_settled(runtime: Runtime, namespace: str) -> None:
         )
 
     await wait_until(settled, within=BINDING_SETTLE_S + 5, what=f"binding of {namespace} settled")
+
+
+@dataclass
+class ServedRuntime:
+    """A runtime started by `start_runtime`, with a client session speaking to it as the apiserver."""
+
+    runtime: Runtime
+    options: ServeOptions
+    session: aiohttp.ClientSession
+
+    async def review(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
+        """POST an AdmissionReview; its `response` (the HTTP status must be 200)."""
+        async with self.session.post(f"{base_url(self.options)}{path}", json=review) as resp:
+            assert resp.status == 200, await resp.text()
+            return dict((await resp.json())["response"])
+
+    async def get(self, path: str, token: str) -> tuple[int, dict[str, Any]]:
+        async with self.session.get(
+            f"{base_url(self.options)}{path}", headers={"Authorization": f"Bearer {token}"}
+        ) as resp:
+            return resp.status, await resp.json()
