@@ -24,6 +24,13 @@ PEERS_DIR=$(cd "$PEERS_DIR" && pwd)
 say() { printf 'peers: %s\n' "$*" >&2; }
 die() { say "$*"; exit 2; }
 
+# Clones and test runs may share one PEERS_DIR: a second build.sh waits for the first instead of
+# compiling into the same folders beside it (it then finds the stamps and builds nothing).
+if command -v flock >/dev/null; then
+  exec 9>"$PEERS_DIR/.build.lock"
+  flock -n 9 || { say "another build into $PEERS_DIR is running: waiting for it"; flock 9; }
+fi
+
 command -v go >/dev/null || die "no Go toolchain on PATH: the test control plane is built from Go modules (Go 1.25 or newer, https://go.dev/dl)"
 GO_VERSION=$(go env GOVERSION)
 
