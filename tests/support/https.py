@@ -54,6 +54,7 @@ SERVICE = "scheduling-webhook"
 NAMESPACE = "hopsworks"
 SERVICE_HOST = f"{SERVICE}.{NAMESPACE}.svc"  # what the apiserver dials and verifies
 LOOPBACK = "127.0.0.1"
+LOOPBACK6 = "::1"  # for servers started with host=LOOPBACK6, where the machine has IPv6 loopback
 
 
 async def wait_until(
@@ -65,6 +66,16 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1 (containers without IPv6 cannot)."""
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind((LOOPBACK6, 0))
+    except OSError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -89,7 +100,12 @@ class StaticResolver(AbstractResolver):
             raise OSError(f"static resolver: unknown host {host!r}")
         return [
             ResolveResult(
-                hostname=host, host=addr, port=port, family=socket.AF_INET, proto=0, flags=socket.AI_NUMERICHOST
+                hostname=host,
+                host=addr,
+                port=port,
+                family=socket.AF_INET6 if ":" in addr else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
             )
         ]
 
@@ -227,13 +243,18 @@ class Handshake:
 
 
 async def raw_request(
-    port: int, ctx: ssl.SSLContext, *, server_hostname: str | None = SERVICE_HOST, path: str = "/"
+    port: int,
+    ctx: ssl.SSLContext,
+    *,
+    server_hostname: str | None = SERVICE_HOST,
+    path: str = "/",
+    host: str = LOOPBACK,
 ) -> Handshake:
     """One new TCP connection, TLS handshake and HTTP/1.1 GET, below aiohttp (whose responses
     give up their connection, and so the peer certificate, as soon as a small body is read).
     Raises ssl.SSLError / ConnectionError when the server refuses the handshake; with TLS 1.3 a
     refused client certificate surfaces on the read, after the client's side of the handshake."""
-    reader, writer = await asyncio.open_connection(LOOPBACK, port, ssl=ctx, server_hostname=server_hostname)
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=server_hostname)
     try:
         ssl_object = writer.get_extra_info("ssl_object")
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nConnection: close\r\n\r\n".encode())
@@ -271,6 +292,7 @@ class HttpsServer:
     port: int
     session: aiohttp.ClientSession = field(init=False)
     hostname: str = SERVICE_HOST
+    host: str = LOOPBACK  # the address it listens on, which `hostname` resolves to
     listener: Listener = field(init=False)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _client_stats: dict[int, ClientConnections] = field(default_factory=dict)
@@ -307,7 +329,7 @@ class HttpsServer:
         TCP connection and TLS handshake; `limit=1` pins a session to a single connection."""
         connector = aiohttp.TCPConnector(
             ssl=ssl_context or self.client_ssl_context(),
-            resolver=StaticResolver({self.hostname: LOOPBACK}),
+            resolver=StaticResolver({self.hostname: self.host}),
             limit=limit,
             force_close=force_close,
             keepalive_timeout=None if force_close else 60.0,
@@ -338,7 +360,9 @@ class HttpsServer:
         self, ctx: ssl.SSLContext | None = None, *, server_hostname: str | None = SERVICE_HOST
     ) -> Handshake:
         """A raw new connection + GET / (see raw_request); by default as the test apiserver."""
-        return await raw_request(self.port, ctx or self.client_ssl_context(), server_hostname=server_hostname)
+        return await raw_request(
+            self.port, ctx or self.client_ssl_context(), server_hostname=server_hostname, host=self.host
+        )
 
     async def close(self) -> None:
         for session in self._sessions:
@@ -359,6 +383,7 @@ class StartHttpsServer(Protocol):
         watch_interval: float = 0.05,
         min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
         limits: ConnectionLimits | None = None,
+        host: str = LOOPBACK,
     ) -> Awaitable[HttpsServer]: ...
 
 
@@ -371,8 +396,10 @@ async def start_https_server(
     watch_interval: float = 0.05,
     min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
     limits: ConnectionLimits | None = None,
+    host: str = LOOPBACK,
 ) -> HttpsServer:
-    """Start `app` on 127.0.0.1:<ephemeral> over TLS; the caller must `await srv.close()`."""
+    """Start `app` on `host` (127.0.0.1, or LOOPBACK6):<ephemeral> over TLS; the caller must
+    `await srv.close()`."""
     certs = certs or make_cert_files(directory / "certs", client_ca=client_ca)
     if client_ca and certs.client_ca_file is None:
         raise ValueError("client_ca=True needs CertFiles made with client_ca=True")
@@ -389,10 +416,12 @@ async def start_https_server(
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=limits.idle_timeout_s)
     await runner.setup()
     # The server's own listener: handshake, header and idle timeouts and the connection cap.
-    listener = Listener(runner, LOOPBACK, 0, watcher.ssl_context, limits, "test")
+    listener = Listener(runner, host, 0, watcher.ssl_context, limits, "test")
     await listener.start()
     assert listener.server is not None
-    srv = HttpsServer(app=app, runner=runner, server=listener.server, watcher=watcher, certs=certs, port=listener.port)
+    srv = HttpsServer(
+        app=app, runner=runner, server=listener.server, watcher=watcher, certs=certs, port=listener.port, host=host
+    )
     srv.listener = listener
     srv.session = srv.new_session()
     return srv
@@ -411,6 +440,7 @@ async def https_servers(directory: Path) -> AsyncIterator[StartHttpsServer]:
         watch_interval: float = 0.05,
         min_version: ssl.TLSVersion | None = None,  # None: CertWatcher's own default, as `serve` has it
         limits: ConnectionLimits | None = None,
+        host: str = LOOPBACK,
     ) -> HttpsServer:
         server_dir = directory / f"https-{len(started)}"
         server_dir.mkdir(parents=True)
@@ -422,6 +452,7 @@ async def https_servers(directory: Path) -> AsyncIterator[StartHttpsServer]:
             watch_interval=watch_interval,
             min_version=min_version,
             limits=limits,
+            host=host,
         )
         started.append(srv)
         return srv
