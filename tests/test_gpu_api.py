@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace
 from tests.support.fixtures import remote_calls
-from tests.support.https import HttpsServer, StartHttpsServer, wait_until
+from tests.support.https import LOOPBACK, LOOPBACK6, HttpsServer, StartHttpsServer, ipv6_loopback, wait_until
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runai_standin import RunaiStandin
 from webhook.client import (
@@ -125,10 +125,15 @@ class Env:
     authorizer: KubeAuthorizer | None = None
 
     async def server(
-        self, directory: RunaiDirectoryView | None = None, auth: Mapping[str, Any] | None = None, **kwargs: Any
+        self,
+        directory: RunaiDirectoryView | None = None,
+        auth: Mapping[str, Any] | None = None,
+        host: str = LOOPBACK,
+        **kwargs: Any,
     ) -> HttpsServer:
         """A GPU API server over `directory` (default: the refreshed stand-in directory), with the
-        admin API's routes behind the same kind of authorizer; `auth`: KubeAuthorizer options."""
+        admin API's routes behind the same kind of authorizer, listening on `host`; `auth`:
+        KubeAuthorizer options."""
         api_client = self.kube.api_client()  # the webhook's own ServiceAccount token
         self.api_clients.append(api_client)
         kube = KubeApi(api_client, "hopsworks")
@@ -137,7 +142,7 @@ class Env:
         routes = gpu_api_routes(self.state, directory or self.directory, authorizer, clock=self.clock, **kwargs)
         admin_auth = KubeAuthorizer(kube, admin_check=ADMIN_API_CHECK, admin_action=ADMIN_API_ACTION, **(auth or {}))
         routes += admin_routes(UnreachableMover(), authorize_with(admin_auth))
-        return await self.start(cache_app(self.state, routes=routes))
+        return await self.start(cache_app(self.state, routes=routes), host=host)
 
 
 @pytest.fixture
@@ -341,15 +346,30 @@ async def test_the_admin_api_refusal_names_the_permission_as_kubectl_auth_can_i(
 # -- issue 21.3: authentication under a flood of new tokens ------------------------------------------
 
 
-async def test_a_flood_of_new_tokens_from_one_client_costs_at_most_its_budget_of_token_reviews(env: Env) -> None:
+@pytest.mark.parametrize(
+    ("host", "client"),
+    [
+        (LOOPBACK, "127.0.0.1"),
+        pytest.param(
+            LOOPBACK6,
+            "::/64",  # ::1's /64: a client with an IPv6 address is its /64
+            marks=pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine"),
+        ),
+    ],
+    ids=["ipv4", "ipv6"],
+)
+async def test_a_flood_of_new_tokens_from_one_client_costs_at_most_its_budget_of_token_reviews(
+    env: Env, host: str, client: str
+) -> None:
     # 200 random tokens made 200 TokenReviews in 0.3 s.
-    srv = await env.server()
+    srv = await env.server(host=host)
     env.kube.slow_next(200, 0.2, path_prefix=TOKEN_REVIEWS)
     answers = await asyncio.gather(*(get(srv, "/api/v1/projects/churn/gpu", f"junk-{i}") for i in range(200)))
     statuses = [a[0] for a in answers]
     assert set(statuses) == {401, 429}, statuses
     assert {a[2]["code"] for a in answers if a[0] == 429} == {"TooManyNewTokens"}
     assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == statuses.count(401) <= 20
+    assert env.authorizer is not None and env.authorizer._budget.clients() == [client]
 
 
 async def test_a_token_known_good_is_answered_while_new_tokens_fill_the_table_of_reviews(env: Env) -> None:
@@ -391,6 +411,36 @@ def test_the_review_budget_is_a_bucket_per_client_with_a_bound_on_reviews_in_fli
     budget.release("a")
     assert budget.acquire("b") is None  # another client has a bucket of its own
     assert budget.acquire("c") is None and len(budget) == 2  # the table of clients is bounded
+
+
+def test_the_review_budget_counts_an_ipv6_client_by_its_64_prefix() -> None:
+    # An IPv6 client holds a whole /64 as a rule: with a fresh address per request it got a fresh
+    # bucket per request, and so as many TokenReviews as it liked.
+    budget = ReviewBudget(Clock(), burst=2, per_s=1.0, in_flight=8)
+    assert budget.acquire("2001:db8:0:1::1") is None
+    assert budget.acquire("2001:db8:0:1:ffff:ffff:ffff:ffff") is None
+    assert "at most 1 a second" in (budget.acquire("2001:db8:0:1:1234::9") or "")  # the /64's burst is spent
+    assert budget.acquire("2001:db8:0:2::1") is None  # the next /64 is another client
+    # IPv4 stays per address, and an IPv4-mapped IPv6 address is that IPv4 address.
+    assert budget.acquire("192.0.2.1") is None and budget.acquire("::ffff:192.0.2.1") is None
+    assert "at most 1 a second" in (budget.acquire("192.0.2.1") or "")
+    assert budget.acquire("192.0.2.2") is None
+    # A peer name that is no address (a Unix socket's, or none at all) keeps a bucket of its own.
+    assert budget.acquire("") is None and budget.acquire("not-an-address") is None
+    assert budget.clients() == [
+        "2001:db8:0:1::/64",
+        "2001:db8:0:2::/64",
+        "192.0.2.1",
+        "192.0.2.2",
+        "",
+        "not-an-address",
+    ]
+    # Reviews in flight are counted per /64 too, and given back under it.
+    budget = ReviewBudget(Clock(), burst=10, per_s=1.0, in_flight=1)
+    assert budget.acquire("2001:db8::1") is None
+    assert "1 checks" in (budget.acquire("2001:db8::2") or "")
+    budget.release("2001:db8::1")
+    assert budget.acquire("2001:db8::3") is None
 
 
 async def test_unknown_and_non_project_namespaces_are_404(env: Env) -> None:

@@ -14,8 +14,9 @@ per request. A revoked token or a removed RoleBinding takes effect within the TT
 Unauthenticated callers can reach all of this, so every cost is bounded: a token that is not a
 well-formed bearer token is refused before any review; each review has a timeout; concurrent
 requests with the same token (or the same access question) share one review, and the table of
-reviews in flight is bounded. A token never seen before costs its client (the caller's address)
-part of a budget (webhook.http.review_budget: 20 at once, 5 a second, 8 in flight; past it 429);
+reviews in flight is bounded. A token never seen before costs its client (the caller's address;
+an IPv6 caller's /64) part of a budget (webhook.http.review_budget: 20 at once, 5 a second, 8 in
+flight; past it 429);
 such reviews may fill three quarters of the table at most, and their refusals are cached apart
 from the good answers. So a flood of fresh random tokens neither reaches the apiserver beyond the
 budget nor takes the room or the cache of tokens a TokenReview already accepted (known good for
