@@ -1,5 +1,6 @@
-"""Which Run:ai project the directory publishes for each namespace, from a list of projects and
-the namespace cache as it is when the list is published.
+"""Which Run:ai project the directory publishes for each namespace, from a list of projects (a
+refresh's, or a lookup's of one namespace) and the namespace cache as it is when the list is
+published.
 
 A namespace's `runai/queue` label names its project; failing that, a project Run:ai bound to the
 namespace counts. A project-id label that names another project vetoes it: that project was
@@ -44,3 +45,10 @@ def projects_by_namespace(
             if cached is None or not replaced(cached, project.id):
                 out[name] = project
     return out
+
+
+def project_for(namespace: str, ns: NamespaceInfo | None, projects: Sequence[RunaiProject]) -> RunaiProject | None:
+    """The project `projects_by_namespace` would publish for `namespace` alone, `ns` being its cache
+    entry as it is now (None: not in the cache): a lookup of one namespace follows the same rule as
+    a refresh, so among several projects of its name it takes the one its id label names."""
+    return projects_by_namespace({namespace: ns} if ns is not None else {}, projects).get(namespace)

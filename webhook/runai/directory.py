@@ -7,9 +7,9 @@ quota check is then skipped for bound projects (Run:ai enforces the quota when i
 the seed asks. A project bound after the last refresh (e.g. by another replica) is fetched on
 demand with `lookup`: one counted request-path call, short timeout, concurrent lookups of a
 namespace sharing it. A project replaced by a department move stops being published the moment the
-namespace cache shows the new project id (`follow_namespace`), and a refresh whose list was read
-before the move does not publish it again (`core.runai_bindings`). With `run_ai_enable` off no call is
-made at all.
+namespace cache shows the new project id (`follow_namespace`), and neither a refresh nor a lookup
+whose list was read before the move publishes it again (`core.runai_bindings`). With
+`run_ai_enable` off no call is made at all.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webhook.core.gpu_view import runai_project_info
-from webhook.core.runai_bindings import projects_by_namespace, replaced
+from webhook.core.runai_bindings import project_for, projects_by_namespace, replaced
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
 from webhook.runai.records import node_pool_record, project_record
@@ -227,7 +227,8 @@ class RunaiDirectory:
 
     # -- one project on demand ---------------------------------------------------------------
     async def lookup(self, namespace: str, *, timeout_s: float) -> None:
-        """Fetch the Run:ai project that bound `namespace`'s runai/queue label names, and publish it
+        """Fetch the Run:ai project that bound `namespace`'s runai/queue label names (of several, the
+        one its project-id label names; never one that label says was replaced), and publish it
         (or that Run:ai has no such project, in `runai_missing`). One counted request-path call
         (two before the first refresh: the cluster id), all within `timeout_s`; concurrent lookups
         of one namespace share it. Raises RunaiError (RunaiUnreachable: no answer in time)."""
@@ -250,10 +251,14 @@ class RunaiDirectory:
                 sampled_at = time.time()
         except TimeoutError:
             raise RunaiUnreachable(f"the Run:ai control plane did not answer within {timeout_s:g} s") from None
-        project = next((p for p in named if p.bound_to(namespace)), named[0] if named else None)
-        if project is not None:
-            self.note_project(namespace, project, sampled_at)
+        # The namespace as it is now, not as it was when the list was asked for: a move may have
+        # replaced the project meanwhile (the same rule as a refresh's, `core.runai_bindings`).
+        chosen = project_for(namespace, self.state.namespaces.get(namespace), [project_record(p) for p in named])
+        if chosen is not None:
+            self.note_project(namespace, next(p for p in named if p.id == chosen.id), sampled_at)
             return
+        if named:
+            return  # only projects its id label says were replaced: nothing to publish, the decision retries
         snapshot = self.state.snapshot()
         snapshot.runai_missing = {**snapshot.runai_missing, namespace: queue}
 
