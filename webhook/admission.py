@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Required
+from typing import Annotated, Any, Literal, Required, cast
 
+import msgspec
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from webhook.core.decision import Decision
+from webhook.pod_schema import POD_REVIEW
 
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+DEFAULT_VERSION = SUPPORTED_VERSIONS[0]  # of a review that names none
 
 
 class BadReview(ValueError):
@@ -94,7 +97,7 @@ def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
         raise BadReview("body must be a JSON object (an AdmissionReview)")
     if raw.get("kind", "AdmissionReview") != "AdmissionReview":
         raise BadReview(f"kind must be AdmissionReview, got {raw.get('kind')!r}")
-    version = raw.get("apiVersion") or "admission.k8s.io/v1"
+    version = raw.get("apiVersion") or DEFAULT_VERSION
     if version not in SUPPORTED_VERSIONS:
         raise BadReview(f"apiVersion {version!r} not supported; send one of {', '.join(SUPPORTED_VERSIONS)}")
     if "request" not in raw or raw["request"] is None:
@@ -104,6 +107,24 @@ def parse_review(body: bytes) -> tuple[str, dict[str, Any]]:
     except ValidationError as exc:
         raise BadReview(_first_errors(exc)) from None
     return version, raw["request"]
+
+
+def parse_pod_review(body: bytes) -> tuple[str, dict[str, Any]] | None:
+    """`parse_review` for a pod's review, decoded against `webhook.pod_schema`: what no rule reads
+    is skipped while parsing, and the object is known to pass `object_errors`. None when the schema
+    does not take the body: then `parse_review` and `object_errors` answer it, as for any review."""
+    # msgspec checks the UTF-8 of what it keeps, not of what it skips; orjson refuses it anywhere.
+    if not body.isascii():
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            return None
+    try:
+        raw = POD_REVIEW.decode(body)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    # The decoder makes plain dicts; the TypedDicts only told it what to build.
+    return raw.get("apiVersion", DEFAULT_VERSION), cast(dict[str, Any], raw["request"])
 
 
 def _first_errors(exc: ValidationError, limit: int = 3) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook.admission import BadReview, build_response, dumps, object_errors, parse_review
+from webhook.admission import BadReview, build_response, dumps, object_errors, parse_pod_review, parse_review
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.scheduling import request_namespace
 from webhook.logsafe import log_safe
@@ -80,8 +80,15 @@ def rules_read(state: ClusterState) -> Callable[[Mapping[str, Any]], bool]:
     return check
 
 
+# The endpoints whose reviews are of pods: decoded against the pod schema first (`parse_pod_review`).
+POD_REVIEW_PATHS = frozenset({"/mutate/pods", "/validate/pods"})
+
+
 def admission_route(
-    endpoint: str, handler: AdmissionHandler, reads_object: Callable[[Mapping[str, Any]], bool] = lambda _: True
+    endpoint: str,
+    handler: AdmissionHandler,
+    reads_object: Callable[[Mapping[str, Any]], bool] = lambda _: True,
+    of_pods: bool = False,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     # Bound once: `labels()` per request showed up as several percent of a request in profiles.
     # It also exports every series at zero from the start, as Prometheus recommends.
@@ -116,13 +123,18 @@ def admission_route(
         except web.HTTPRequestEntityTooLarge:
             counted["bad_request"].inc()
             return _json_error(413, f"body larger than {request.app._client_max_size} bytes")
+        typed = parse_pod_review(body) if of_pods else None
+        if typed is not None:
+            version, review = typed
+        else:
+            try:
+                version, review = parse_review(body)
+            except BadReview as exc:
+                counted["bad_request"].inc()
+                return _json_error(exc.status, exc.reason)
         try:
-            version, review = parse_review(body)
-        except BadReview as exc:
-            counted["bad_request"].inc()
-            return _json_error(exc.status, exc.reason)
-        try:
-            problem = object_errors(review) if reads_object(review) else None
+            # The pod schema takes only objects that pass object_errors: no second walk for those.
+            problem = object_errors(review) if typed is None and reads_object(review) else None
             if problem is not None:
                 decision = Decision.deny(f"cannot read the object: {problem}", 400, Reason.BAD_REQUEST)
             else:
@@ -277,7 +289,8 @@ def create_app(
     app[SERVER_KEY] = server_status
     for path, handler in handlers.items():
         endpoint = path.strip("/").replace("/", "_")
-        app.router.add_post(path, admission_route(endpoint, handler, rules_read(state)), expect_handler=expect_continue)
+        route = admission_route(endpoint, handler, rules_read(state), of_pods=path in POD_REVIEW_PATHS)
+        app.router.add_post(path, route, expect_handler=expect_continue)
     app.router.add_routes(_as_json_routes(_probe_routes()))
     app.router.add_routes(_as_json_routes(routes))
     app.router.add_route("*", "/{tail:.*}", answering_as_json(_not_found))
