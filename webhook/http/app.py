@@ -238,11 +238,13 @@ async def _answer_as_json(
         response = _json_error(exc.status, exc.reason)
     except ConnectionError as exc:
         # The client hung up (or a deadline closed it) before its body was read: nobody to answer.
-        log.debug("%s %s: the client closed the connection before its body was read (%s)",
-                  request.method, log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # escaping the path only for a line that is written
+            log.debug("%s %s: the client closed the connection before its body was read (%s)",
+                      log_safe(request.method, 20), log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
         response = _json_error(400, "connection closed before the body was read")
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        # The path is the caller's (decoded: %0A is a newline), so escaped: no forged log lines.
+        log.exception("unhandled error on %s %s", log_safe(request.method, 20), log_safe(request.path, 200))
         response = _json_error(500, "internal error; see the server log")
     if not response.prepared:
         headers = response.headers
