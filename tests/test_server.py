@@ -311,6 +311,8 @@ ROUTED = [  # the admission paths go to their route without the router; the rest
     ("POST", "/healthz", 405),
     ("GET", "/healthz", 200),
     ("GET", "/nothing", 404),
+    ("GET", "/no%0Athing", 404),  # a newline in the decoded path: still the JSON 404
+    ("POST", "/mutate/pods%0A", 404),
 ]
 
 

@@ -339,7 +339,8 @@ def create_app(
     app[DIRECT_ROUTES] = direct
     app.router.add_routes(_as_json_routes(_probe_routes()))
     app.router.add_routes(_as_json_routes(routes))
-    app.router.add_route("*", "/{tail:.*}", answering_as_json(_not_found))
+    # [\s\S]: a decoded path may hold a newline (%0A), which `.` does not match.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", answering_as_json(_not_found))
     return app
 
 
