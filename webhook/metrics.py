@@ -18,8 +18,8 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Admission answers, counted per review as plain integers (AdmissionCounts) and exported by
 # collectors under the names, labels and help that prometheus_client's Counter and Histogram gave
-# them: `inc()` and `observe()` take a lock and walk bucket objects on every call, some 2% of a
-# review's instructions (tests/test_metrics.py holds the exposition to what those types write).
+# them, where `inc()` and `observe()` took a lock and walked bucket objects on every review
+# (tests/test_server.py holds the exposition to what those types write).
 ADMISSION_OUTCOMES = ("allowed", "patched", "denied", "bad_request")
 ADMISSION_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 # The `le` labels, as Histogram writes them ("1.0", "+Inf").

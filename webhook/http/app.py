@@ -197,7 +197,7 @@ def request_handler(app: web.Application) -> Handler:
     """What a listener calls for each request of `app`: a POST to an admission path (the query
     aside: the apiserver adds `?timeout=10s`) goes straight to its route, everything else through
     aiohttp's router, which would have chosen the same route (`Application._handle`, the JSON
-    404/405). The router's resolution cost every review some 2% of its instructions."""
+    404/405); the router resolved every review's path against the table first."""
     handle: Handler = app._handle
     direct = app.get(DIRECT_ROUTES)
     if not direct:
