@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout: also count its (b)")
     parser.add_argument("--out", type=Path, default=RESULTS / "instructions.json")
     parser.add_argument("--budget", type=float, default=BUDGET, help="largest b/a and c/a allowed (exit 1 above)")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="copy each scenario's callgrind dumps here (for callgrind_annotate)"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             if key not in wanted:
                 continue
             r = results[key] = measure(key, command, cwd, path, body, ca, work, args.seconds)
+            if args.keep is not None:
+                shutil.copytree(work / f"callgrind-{key}", args.keep / key, dirs_exist_ok=True)
             print(
                 f"{key:7s} {r['per_request']:>12,.0f} instructions/request ({r['answered']} requests; "
                 f"{r['raw_per_request']:,.0f} before taking off {r['idle_per_second']:,.0f}/s counted idle)"

@@ -60,6 +60,9 @@ RESULTS = ROOT / "bench" / "results"
 PYTHON = sys.executable
 TARGET_RATIO = 0.5
 TARGET_P99_MS = 10.0
+# Issue 22, as ratios against (a) in the same run: throughput at least 0.8x, p99 at most 1.2x.
+TARGET_THROUGHPUT_VS_A = 0.8
+TARGET_P99_VS_A = 1.2
 REMOTE_REQUEST = re.compile(r'^webhook_remote_calls_total\{[^}]*path="request"[^}]*\}\s+([0-9.e+]+)', re.M)
 
 
@@ -255,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(filter(None, args.only.split(","))) or {"a", "b", "c", "c_view"}
 
     scenarios: dict[str, Scenario] = {}
+    loadavg_at_start = os.getloadavg()  # the neighbours move timings: say how busy they were
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         certs = make_certs(work / "certs")
@@ -325,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in scenarios.values():
                 stop(s, ca)
 
-    report = build_report(scenarios, main_phase, pin_cpus, args.rate)
+    report = build_report(scenarios, main_phase, pin_cpus, args.rate, loadavg_at_start)
     print_report(report)
     if not args.no_scale:
         print("\nscale: python -m bench.scale", flush=True)
@@ -353,19 +357,31 @@ def line(r: dict[str, Any]) -> str:
     )
 
 
-def build_report(scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate: float) -> dict[str, Any]:
+def build_report(
+    scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate: float, loadavg_at_start: tuple[float, ...]
+) -> dict[str, Any]:
     main_key = f"{main.name} {main.connections}"
     open_key = f"open {rate:g}/s {main.connections}"
     ratios: dict[str, float] = {}
+    p99_ratios: dict[str, float] = {}
     a = scenarios.get("a")
     for key in ("b", "b_base", "c", "c_view"):
         s = scenarios.get(key)
         if a is None or s is None:
             continue
         # Per round, then the median: rounds ran back to back, so each ratio shares its noise.
-        pairs = zip(a.results.get(main_key, []), s.results.get(main_key, []), strict=False)
+        pairs = list(zip(a.results.get(main_key, []), s.results.get(main_key, []), strict=False))
         ratios[f"{key}/a"] = median([r["rps"] / base["rps"] for base, r in pairs if base["rps"]])
+        p99_ratios[f"{key}/a"] = median([r["p99_ms"] / base["p99_ms"] for base, r in pairs if base["p99_ms"]])
     targets: dict[str, Any] = {}
+    for key in ("b", "c"):
+        if f"{key}/a" in ratios:
+            targets[f"{key}/a >= {TARGET_THROUGHPUT_VS_A} (throughput, closed loop, issue 22)"] = (
+                ratios[f"{key}/a"] >= TARGET_THROUGHPUT_VS_A
+            )
+            targets[f"p99({key})/p99(a) <= {TARGET_P99_VS_A} (closed loop, issue 22)"] = (
+                p99_ratios[f"{key}/a"] <= TARGET_P99_VS_A
+            )
     b = scenarios.get("b")
     if b is not None:
         closed = summarise(b.results[main_key])
@@ -384,6 +400,7 @@ def build_report(scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "loadavg_at_start": loadavg_at_start,
             "loadavg_at_end": os.getloadavg(),
         },
         "placement": "server on CPU 0, load generator on CPU 1" if pinned else "separate processes, not pinned",
@@ -401,6 +418,7 @@ def build_report(scenarios: dict[str, Scenario], main: Phase, pinned: bool, rate
             for k, s in scenarios.items()
         },
         "ratios": ratios,
+        "p99_ratios": p99_ratios,
         "targets": targets,
     }
 
@@ -422,7 +440,14 @@ def print_report(report: dict[str, Any]) -> None:
             )
     print('remote = webhook_remote_calls_total{path="request"} read from /metrics after the run (a: no metrics)')
     for name, value in report["ratios"].items():
-        print(f"throughput {name} ({report['main']} conns): {value:.2f}")
+        p99 = report["p99_ratios"].get(name, float("nan"))
+        print(
+            f"{name} ({report['main']} conns): throughput {value:.2f} (target >= {TARGET_THROUGHPUT_VS_A}), "
+            f"p99 {p99:.2f} (target <= {TARGET_P99_VS_A})"
+        )
+    start, end = report["machine"]["loadavg_at_start"], report["machine"]["loadavg_at_end"]
+    print(f"load average (1, 5, 15 min): {' '.join(f'{v:.1f}' for v in start)} at the start, "
+          f"{' '.join(f'{v:.1f}' for v in end)} at the end")  # fmt: skip
     for name, ok in report["targets"].items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
 

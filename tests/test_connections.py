@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from yarl import URL
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state
@@ -425,4 +427,23 @@ async def test_a_failing_review_logs_a_bounded_escaped_uid(
     (record,) = [r for r in caplog.records if "admission handler" in r.getMessage()]
     message = record.getMessage()
     assert "\n" not in message and len(message) < 300, message[:400]
+    assert "\\nFORGED" in message
+
+
+async def test_a_route_that_raises_logs_an_escaped_path(
+    https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The path is the caller's and arrives decoded (%0A is a newline): unescaped, it forged log lines.
+    async def broken(_: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    state = cluster_state()
+    srv = await https_server(cache_app(state, routes=[web.get(r"/broken/{tail:[\s\S]*}", broken)]), limits=SHORT)
+    forged = "/broken/x%0AFORGED%202026-01-01%20INFO%20admin%20root%20did%20something%0A" + "u" * 3_000
+    with caplog.at_level(logging.ERROR):
+        async with srv.session.get(URL(srv.url(forged), encoded=True)) as resp:
+            assert resp.status == 500 and "internal error" in (await resp.json())["error"]
+    (record,) = [r for r in caplog.records if "unhandled error" in r.getMessage()]
+    message = record.getMessage()
+    assert "\n" not in message and len(message) < 400, message[:500]
     assert "\\nFORGED" in message

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from yarl import URL
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_state, namespace, settings_configmap
@@ -16,6 +19,15 @@ from tests.support.https import StartHttpsServer
 from tests.support.reviews import apply_patch, assert_valid_pod, fixture_names, pod_review, review
 from webhook.core.decision import Decision
 from webhook.http.app import MAX_BODY_BYTES
+from webhook.metrics import (
+    ADMISSION_INTERNAL_ERRORS_HELP,
+    ADMISSION_LATENCY_BUCKETS,
+    ADMISSION_LATENCY_HELP,
+    ADMISSION_OUTCOMES,
+    ADMISSION_REQUESTS_HELP,
+    REGISTRY,
+    admission_counts,
+)
 
 NAMESPACES = [namespace("churn"), namespace("default"), namespace("customer-1"), namespace("keymaker")]
 
@@ -196,6 +208,130 @@ async def test_metrics_count_answers(https_server: StartHttpsServer) -> None:
         text = await resp.text()
     assert 'webhook_admission_requests_total{endpoint="mutate_pods",outcome="patched"}' in text
     assert "webhook_admission_duration_seconds_bucket" in text
+
+
+def exposition(text: str, endpoint: str) -> tuple[list[str], set[tuple[str, str]]]:
+    """The admission families' HELP and TYPE lines, and the series (name, labels) of `endpoint`."""
+    comments = [line for line in text.splitlines() if line.startswith("# ") and " webhook_admission_" in line]
+    series = {
+        (name, labels)
+        for name, labels in re.findall(r"^(webhook_admission_\w+)\{([^}]*)\} ", text, re.M)
+        if f'endpoint="{endpoint}"' in labels
+    }
+    return comments, series
+
+
+def prometheus_client_exposition(endpoint: str, latencies: list[float], outcomes: list[str]) -> str:
+    """What prometheus_client's Counter and Histogram exported for these answers (the metrics were
+    those, and labels bound once per endpoint), in a registry of their own."""
+    registry = CollectorRegistry()
+    requests = Counter(
+        "webhook_admission_requests_total", ADMISSION_REQUESTS_HELP, ["endpoint", "outcome"], registry=registry
+    )
+    latency = Histogram(
+        "webhook_admission_duration_seconds", ADMISSION_LATENCY_HELP, ["endpoint"],
+        buckets=ADMISSION_LATENCY_BUCKETS, registry=registry,
+    )  # fmt: skip
+    errors = Counter(
+        "webhook_admission_internal_errors_total", ADMISSION_INTERNAL_ERRORS_HELP, ["endpoint"], registry=registry
+    )
+    for outcome in ADMISSION_OUTCOMES:
+        requests.labels(endpoint, outcome)
+    errors.labels(endpoint)
+    for outcome in outcomes:
+        requests.labels(endpoint, outcome).inc()
+    for seconds in latencies:
+        latency.labels(endpoint).observe(seconds)
+    return generate_latest(registry).decode()
+
+
+async def test_the_admission_series_are_the_ones_counter_and_histogram_exported(https_server: StartHttpsServer) -> None:
+    # The counts are plain integers behind a collector of our own (webhook.metrics.AdmissionCounts):
+    # dashboards and alerts must see the same families, help, types and labels.
+    srv = await https_server(make_app())
+    await post(srv, "/mutate/pods", pod_review("churn"))
+    await post(srv, "/mutate/pods", b"{", content_type="text/plain")
+    async with srv.session.get(srv.url("/metrics")) as resp:
+        text = await resp.text()
+    reference = prometheus_client_exposition("mutate_pods", [0.001], ["patched", "bad_request"])
+    assert exposition(text, "mutate_pods") == exposition(reference, "mutate_pods")
+    for endpoint in ("mutate_workloads", "validate_pods", "validate_workloads", "validate_settings"):
+        assert exposition(text, endpoint)[1] == exposition(reference.replace("mutate_pods", endpoint), endpoint)[1]
+
+
+def test_admission_counts_are_what_counter_and_histogram_counted() -> None:
+    latencies = [0.0001, 0.0005, 0.0007, 0.003, 0.25, 0.9, 1.0, 7.5, 0.0]  # bounds included: `le`
+    outcomes = ["allowed", "patched", "patched", "denied", "bad_request", "bad_request", "bad_request"]
+    counts = admission_counts("test_counts")
+    for seconds in latencies:
+        counts.observe(seconds)
+    for outcome in outcomes:
+        setattr(counts, outcome, getattr(counts, outcome) + 1)
+
+    def samples(text: str) -> dict[str, float]:
+        found = re.findall(r'^(webhook_admission_\w+\{[^}]*endpoint="test_counts"[^}]*\}) (\S+)$', text, re.M)
+        return {series: float(value) for series, value in found if "_created" not in series}
+
+    ours = samples(generate_latest(REGISTRY).decode())
+    theirs = samples(prometheus_client_exposition("test_counts", latencies, outcomes))
+    assert ours.keys() == theirs.keys()
+    assert ours == pytest.approx(theirs)
+
+
+CONTENT_TYPES = [  # as aiohttp parses the header: type and subtype, case-blind, parameters aside
+    ("application/json", 200),
+    ("application/json; charset=utf-8", 200),
+    ("APPLICATION/JSON", 200),
+    ("application/jsonx", 415),
+    ("text/plain", 415),
+    ("application/json, text/html", 415),
+]
+
+
+@pytest.mark.parametrize(("content_type", "status"), CONTENT_TYPES)
+async def test_the_content_types_a_review_is_taken_in(
+    https_server: StartHttpsServer, content_type: str, status: int
+) -> None:
+    srv = await https_server(make_app())
+    got, answer = await post(srv, "/mutate/pods", pod_review("churn"), content_type=content_type)
+    assert got == status, answer
+    assert status == 200 or "application/json" in answer["error"]
+
+
+ROUTED = [  # the admission paths go to their route without the router; the rest as the router answers
+    ("POST", "/mutate/pods", 200),
+    ("POST", "/mutate/pods?timeout=10s", 200),  # the apiserver's own query
+    ("POST", "/validate/pods?timeout=10s&x=1", 200),
+    ("POST", "/mutate/pods/", 404),
+    ("POST", "/mutate/pods%2F", 404),
+    ("POST", "//mutate/pods", 404),
+    ("POST", "/MUTATE/pods", 404),
+    ("GET", "/mutate/pods", 405),
+    ("PUT", "/validate/pods?timeout=10s", 405),
+    ("POST", "/healthz", 405),
+    ("GET", "/healthz", 200),
+    ("GET", "/nothing", 404),
+    ("GET", "/no%0Athing", 404),  # a newline in the decoded path: still the JSON 404
+    ("POST", "/mutate/pods%0A", 404),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "status"), ROUTED)
+async def test_what_each_path_and_method_is_answered(
+    https_server: StartHttpsServer, method: str, path: str, status: int
+) -> None:
+    srv = await https_server(make_app())
+    body = json.dumps(pod_review("churn")).encode()
+    headers = {"Content-Type": "application/json"}
+    async with srv.session.request(method, URL(srv.url(path), encoded=True), data=body, headers=headers) as resp:
+        assert resp.status == status, await resp.text()
+        assert resp.content_type == "application/json"
+        assert resp.headers["X-Content-Type-Options"] == "nosniff"
+        answer = await resp.json()
+    if status == 200 and path.startswith("/mutate"):
+        assert answer["response"]["allowed"] is True and "patch" in answer["response"]
+    if status == 405:
+        assert method in answer["error"] and resp.headers["Allow"]
 
 
 async def test_settings_change_applies_to_the_next_request_without_restart(https_server: StartHttpsServer) -> None:

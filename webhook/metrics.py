@@ -3,26 +3,113 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-ADMISSION_REQUESTS = Counter(
-    "webhook_admission_requests_total",
-    "Admission reviews answered, by endpoint and outcome.",
-    ["endpoint", "outcome"],  # outcome: allowed, patched, denied, bad_request
-    registry=REGISTRY,
+# Admission answers, counted per review as plain integers (AdmissionCounts) and exported by
+# collectors under the names, labels and help that prometheus_client's Counter and Histogram gave
+# them, where `inc()` and `observe()` took a lock and walked bucket objects on every review
+# (tests/test_server.py holds the exposition to what those types write).
+ADMISSION_OUTCOMES = ("allowed", "patched", "denied", "bad_request")
+ADMISSION_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# The `le` labels, as Histogram writes them ("1.0", "+Inf").
+_LATENCY_LE = [floatToGoString(b) for b in (*ADMISSION_LATENCY_BUCKETS, float("inf"))]  # type: ignore[no-untyped-call]
+ADMISSION_REQUESTS_HELP = "Admission reviews answered, by endpoint and outcome."
+ADMISSION_LATENCY_HELP = "Time to decide one admission review, parse to answer."
+ADMISSION_INTERNAL_ERRORS_HELP = (
+    "Admission reviews refused because a decision raised: always a bug, the log has the traceback."
 )
-ADMISSION_LATENCY = Histogram(
-    "webhook_admission_duration_seconds",
-    "Time to decide one admission review, parse to answer.",
-    ["endpoint"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-    registry=REGISTRY,
-)
+
+
+class AdmissionCounts:
+    """One endpoint's answers: by outcome, internal errors, and the latency histogram. Only the
+    event loop's thread writes them (and reads them, for /metrics)."""
+
+    __slots__ = ("allowed", "bad_request", "buckets", "created", "denied", "endpoint", "internal_errors", "patched",
+                 "seconds")  # fmt: skip
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.created = time.time()
+        self.allowed = 0
+        self.patched = 0
+        self.denied = 0
+        self.bad_request = 0
+        self.internal_errors = 0
+        # Not cumulative: the i-th counts the reviews above bound i-1 and at most bound i; the last, +Inf.
+        self.buckets = [0] * (len(ADMISSION_LATENCY_BUCKETS) + 1)
+        self.seconds = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # bisect_left: the first bound >= seconds, as Histogram's `seconds <= bound`.
+        self.buckets[bisect_left(ADMISSION_LATENCY_BUCKETS, seconds)] += 1
+        self.seconds += seconds
+
+
+_ADMISSION_COUNTS: dict[str, AdmissionCounts] = {}
+
+
+def admission_counts(endpoint: str) -> AdmissionCounts:
+    """The process's counts of `endpoint` (every app serving it adds to the same, as a Counter's
+    child would); its series are exported, at zero, from this call on."""
+    counts = _ADMISSION_COUNTS.get(endpoint)
+    if counts is None:
+        counts = _ADMISSION_COUNTS[endpoint] = AdmissionCounts(endpoint)
+    return counts
+
+
+class _Collected(Collector):
+    def __init__(self, collect: Callable[[], Metric]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterable[Metric]:
+        return [self._collect()]
+
+
+def _admission_requests() -> Metric:
+    family = CounterMetricFamily("webhook_admission_requests_total", ADMISSION_REQUESTS_HELP,
+                                 labels=["endpoint", "outcome"])  # fmt: skip
+    for counts in _ADMISSION_COUNTS.values():
+        for outcome in ADMISSION_OUTCOMES:
+            family.add_metric([counts.endpoint, outcome], getattr(counts, outcome), created=counts.created)
+    return family
+
+
+def _admission_latency() -> Metric:
+    family = HistogramMetricFamily("webhook_admission_duration_seconds", ADMISSION_LATENCY_HELP, labels=["endpoint"])
+    for counts in _ADMISSION_COUNTS.values():
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for le, count in zip(_LATENCY_LE, counts.buckets, strict=True):
+            running += count
+            cumulative.append((le, float(running)))
+        family.add_metric([counts.endpoint], cumulative, counts.seconds)
+        family.samples.append(Sample(family.name + "_created", {"endpoint": counts.endpoint}, counts.created))
+    return family
+
+
+def _admission_internal_errors() -> Metric:
+    family = CounterMetricFamily("webhook_admission_internal_errors_total", ADMISSION_INTERNAL_ERRORS_HELP,
+                                 labels=["endpoint"])  # fmt: skip
+    for counts in _ADMISSION_COUNTS.values():
+        family.add_metric([counts.endpoint], counts.internal_errors, created=counts.created)
+    return family
+
+
+# Registered where the Counter and Histogram were, so /metrics lists them in the same order.
+REGISTRY.register(_Collected(_admission_requests))
+REGISTRY.register(_Collected(_admission_latency))
+
 # Which path made a remote call: the admission request path, or background work.
 CallPath = Literal["request", "background"]
 # The request path must not call out; this counts every call that does, by where it went and why.
@@ -61,12 +148,7 @@ PODS_UNREADABLE_GPUS = Gauge(
     "Cached pods whose GPU request cannot be read; each counts as the largest GPU request against its project.",
     registry=REGISTRY,
 )
-ADMISSION_INTERNAL_ERRORS = Counter(
-    "webhook_admission_internal_errors_total",
-    "Admission reviews refused because a decision raised: always a bug, the log has the traceback.",
-    ["endpoint"],
-    registry=REGISTRY,
-)
+REGISTRY.register(_Collected(_admission_internal_errors))
 RUNAI_REACHABLE = Gauge(
     "webhook_runai_reachable",
     "1 when the last call to the Run:ai control plane succeeded.",

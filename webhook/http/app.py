@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission import BadReview, build_response, dumps, object_errors, parse_pod_review, parse_review
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.scheduling import request_namespace
 from webhook.logsafe import log_safe
-from webhook.metrics import ADMISSION_INTERNAL_ERRORS, ADMISSION_LATENCY, ADMISSION_REQUESTS, REGISTRY
+from webhook.metrics import REGISTRY, admission_counts
 from webhook.state.store import ClusterState
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ NOSNIFF = ("X-Content-Type-Options", "nosniff")
 # Error answers: nothing in between keeps them (a 401 or 503 is about this moment and this caller).
 NO_STORE = ("Cache-Control", "no-store")
 _ERROR_HEADERS = dict([NOSNIFF, NO_STORE])
-_ANSWER_HEADERS = dict([NOSNIFF])
 
 
 STATE_KEY: web.AppKey[ClusterState] = web.AppKey("state", ClusterState)
@@ -80,106 +80,157 @@ def rules_read(state: ClusterState) -> Callable[[Mapping[str, Any]], bool]:
     return check
 
 
+# An admission review's answer headers, built once (each answer copies them).
+_REVIEW_ANSWER_HEADERS: CIMultiDict[str] = CIMultiDict([("Content-Type", "application/json"), NOSNIFF])
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+# The admission routes by path, for the listener to call without the router (`request_handler`).
+DIRECT_ROUTES: web.AppKey[dict[str, tuple[Handler, ExpectHandler]]] = web.AppKey("direct_routes", dict)
+
+
 # The endpoints whose reviews are of pods: decoded against the pod schema first (`parse_pod_review`).
 POD_REVIEW_PATHS = frozenset({"/mutate/pods", "/validate/pods"})
 
 
 def admission_route(
-    endpoint: str,
+    path: str,
     handler: AdmissionHandler,
     reads_object: Callable[[Mapping[str, Any]], bool] = lambda _: True,
-    of_pods: bool = False,
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    # Bound once: `labels()` per request showed up as several percent of a request in profiles.
-    # It also exports every series at zero from the start, as Prometheus recommends.
-    counted = {o: ADMISSION_REQUESTS.labels(endpoint, o) for o in ("allowed", "patched", "denied", "bad_request")}
-    latency = ADMISSION_LATENCY.labels(endpoint)
-    internal_errors = ADMISSION_INTERNAL_ERRORS.labels(endpoint)
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> Handler:
+    """One admission endpoint, as one coroutine per review. No middleware around it (see
+    answering_as_json): its own answers are JSON and say nosniff, its errors no-store too, and
+    nothing it raises escapes as a traceback."""
+    endpoint = path.strip("/").replace("/", "_")
+    counts = admission_counts(endpoint)  # exported from here on, every series at zero
+    too_large = f"body larger than {max_body_bytes} bytes"
+    of_pods = path in POD_REVIEW_PATHS
 
-    async def route(request: web.Request) -> web.Response:
-        # No middleware around this route (see answering_as_json): its own answers are JSON and
-        # say nosniff, its errors no-store too, and nothing it raises escapes as a traceback.
+    async def route(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
         try:
-            return await review(request)
+            refused = _refuse_early(request, max_body_bytes)
+            if refused is not None:
+                counts.bad_request += 1
+                return refused
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                counts.bad_request += 1
+                return _json_error(413, too_large)
+            typed = parse_pod_review(body) if of_pods else None
+            if typed is not None:
+                version, review = typed
+            else:
+                try:
+                    version, review = parse_review(body)
+                except BadReview as exc:
+                    counts.bad_request += 1
+                    return _json_error(exc.status, exc.reason)
+            try:
+                # The pod schema takes only objects that pass object_errors: no second walk for those.
+                problem = object_errors(review) if typed is None and reads_object(review) else None
+                if problem is not None:
+                    decision = Decision.deny(f"cannot read the object: {problem}", 400, Reason.BAD_REQUEST)
+                else:
+                    decision = await handler(review)
+            except Exception:
+                # A bug must not turn into a traceback for the apiserver; refuse this one and keep serving.
+                counts.internal_errors += 1
+                log.exception(
+                    "admission handler %s failed for uid %s", endpoint, log_safe(review.get("uid"), LOGGED_UID_CHARS)
+                )
+                decision = Decision.deny(
+                    "internal error in scheduling-webhook; see its logs", 500, Reason.INTERNAL_ERROR
+                )
+            if not decision.allowed:
+                counts.denied += 1
+            elif decision.patch:
+                counts.patched += 1
+            else:
+                counts.allowed += 1
+            payload = dumps(build_response(version, review["uid"], decision))
+            counts.observe(time.perf_counter() - started)
+            return web.Response(body=payload, headers=_REVIEW_ANSWER_HEADERS)
         except ConnectionError as exc:
             # The client hung up (or a deadline closed it) before its body was read.
             log.debug("POST %s: the client closed the connection before its body was read (%s)",
-                      request.path, type(exc).__name__)  # fmt: skip
+                      path, type(exc).__name__)  # fmt: skip
             return _json_error(400, "connection closed before the body was read")
         except web.HTTPException as exc:
             return _json_error(exc.status, exc.reason)
         except Exception:
-            log.exception("unhandled error on POST %s", request.path)
+            log.exception("unhandled error on POST %s", path)
             return _json_error(500, "internal error; see the server log")
-
-    async def review(request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        refused = _refuse_early(request)
-        if refused is not None:
-            counted["bad_request"].inc()
-            return refused
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            counted["bad_request"].inc()
-            return _json_error(413, f"body larger than {request.app._client_max_size} bytes")
-        typed = parse_pod_review(body) if of_pods else None
-        if typed is not None:
-            version, review = typed
-        else:
-            try:
-                version, review = parse_review(body)
-            except BadReview as exc:
-                counted["bad_request"].inc()
-                return _json_error(exc.status, exc.reason)
-        try:
-            # The pod schema takes only objects that pass object_errors: no second walk for those.
-            problem = object_errors(review) if typed is None and reads_object(review) else None
-            if problem is not None:
-                decision = Decision.deny(f"cannot read the object: {problem}", 400, Reason.BAD_REQUEST)
-            else:
-                decision = await handler(review)
-        except Exception:
-            # A bug must not turn into a traceback for the apiserver; refuse this one and keep serving.
-            internal_errors.inc()
-            log.exception(
-                "admission handler %s failed for uid %s", endpoint, log_safe(review.get("uid"), LOGGED_UID_CHARS)
-            )
-            decision = Decision.deny("internal error in scheduling-webhook; see its logs", 500, Reason.INTERNAL_ERROR)
-        outcome = "denied" if not decision.allowed else ("patched" if decision.patch else "allowed")
-        counted[outcome].inc()
-        payload = dumps(build_response(version, review["uid"], decision))
-        latency.observe(time.perf_counter() - started)
-        return web.Response(body=payload, content_type="application/json", headers=_ANSWER_HEADERS)
 
     return route
 
 
-def _refuse_early(request: web.Request) -> web.Response | None:
+def _refuse_early(request: web.Request, max_body_bytes: int) -> web.Response | None:
     """A 415 or 413 decided from the headers alone, before the body is read (or, with
     `Expect: 100-continue`, before the client is told to send it)."""
-    if request.content_type != "application/json":
+    headers = request.headers
+    # The header as the apiserver writes it needs no parsing; any other spelling is parsed.
+    if headers.get("Content-Type") != "application/json" and request.content_type != "application/json":
         return _json_error(415, f"Content-Type must be application/json, got {log_safe(request.content_type)!r}")
-    if request.content_length is not None and request.content_length > request.app._client_max_size:
-        response = _json_error(413, f"body larger than {request.app._client_max_size} bytes")
+    length = request.content_length  # the parser has checked it is digits
+    if length is not None and length > max_body_bytes:
+        response = _json_error(413, f"body larger than {max_body_bytes} bytes")
         response.force_close()  # rather than read megabytes only to keep the connection
         return response
     return None
 
 
-async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+def expecting_continue(max_body_bytes: int) -> ExpectHandler:
     """`Expect: 100-continue`: answer 413/415 instead of "100 Continue" when the headers already
     say the body will be refused, so a client does not upload megabytes to be refused."""
-    expect = request.headers.get("Expect", "")
-    if expect.lower() != "100-continue":
-        return _json_error(417, f"unknown expectation {log_safe(expect)!r}")
-    refused = _refuse_early(request)
+
+    async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            return _json_error(417, f"unknown expectation {log_safe(expect)!r}")
+        refused = _refuse_early(request, max_body_bytes)
+        if refused is not None:
+            refused.force_close()  # the client may send the body anyway, or not: start afresh
+            return refused
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    return expect_continue
+
+
+def request_handler(app: web.Application) -> Handler:
+    """What a listener calls for each request of `app`: a POST to an admission path (the query
+    aside: the apiserver adds `?timeout=10s`) goes straight to its route, everything else through
+    aiohttp's router, which would have chosen the same route (`Application._handle`, the JSON
+    404/405); the router resolved every review's path against the table first."""
+    handle: Handler = app._handle
+    direct = app.get(DIRECT_ROUTES)
+    if not direct:
+        return handle
+
+    def dispatch(request: web.Request) -> Awaitable[web.StreamResponse]:
+        if request.method == "POST":
+            found = direct.get(request.raw_path.partition("?")[0])
+            if found is not None:
+                route, expect = found
+                if request.headers.get("Expect"):
+                    return _expecting(request, route, expect)
+                return route(request)
+        return handle(request)
+
+    return dispatch
+
+
+async def _expecting(request: web.Request, route: Handler, expect: ExpectHandler) -> web.StreamResponse:
+    # As Application._handle does it: the expect handler's refusal is the answer.
+    refused = await expect(request)
+    await request.writer.drain()
     if refused is not None:
-        refused.force_close()  # the client may send the body anyway, or not: start afresh
         return refused
-    if request.version >= (1, 1):
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    return None
+    return await route(request)
 
 
 async def _answer_as_json(
@@ -195,11 +246,13 @@ async def _answer_as_json(
         response = _json_error(exc.status, exc.reason)
     except ConnectionError as exc:
         # The client hung up (or a deadline closed it) before its body was read: nobody to answer.
-        log.debug("%s %s: the client closed the connection before its body was read (%s)",
-                  request.method, log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # escaping the path only for a line that is written
+            log.debug("%s %s: the client closed the connection before its body was read (%s)",
+                      log_safe(request.method, 20), log_safe(request.path, 200), type(exc).__name__)  # fmt: skip
         response = _json_error(400, "connection closed before the body was read")
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        # The path is the caller's (decoded: %0A is a newline), so escaped: no forged log lines.
+        log.exception("unhandled error on %s %s", log_safe(request.method, 20), log_safe(request.path, 200))
         response = _json_error(500, "internal error; see the server log")
     if not response.prepared:
         headers = response.headers
@@ -215,9 +268,6 @@ async def errors_as_json(
 ) -> web.StreamResponse:
     """`_answer_as_json` for every route of an app (the probe listener's)."""
     return await _answer_as_json(request, handler)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def answering_as_json(handler: Handler) -> Handler:
@@ -287,13 +337,18 @@ def create_app(
     app[STATE_KEY] = state
     server_status = ServerStatus(readiness=[_caches_ready(state), *readiness], problems=[_settings_problem(state)])
     app[SERVER_KEY] = server_status
+    expect_continue = expecting_continue(max_body_bytes)
+    reads_object = rules_read(state)
+    direct: dict[str, tuple[Handler, ExpectHandler]] = {}
     for path, handler in handlers.items():
-        endpoint = path.strip("/").replace("/", "_")
-        route = admission_route(endpoint, handler, rules_read(state), of_pods=path in POD_REVIEW_PATHS)
+        route = admission_route(path, handler, reads_object, max_body_bytes)
         app.router.add_post(path, route, expect_handler=expect_continue)
+        direct[path] = (route, expect_continue)
+    app[DIRECT_ROUTES] = direct
     app.router.add_routes(_as_json_routes(_probe_routes()))
     app.router.add_routes(_as_json_routes(routes))
-    app.router.add_route("*", "/{tail:.*}", answering_as_json(_not_found))
+    # [\s\S]: a decoded path may hold a newline (%0A), which `.` does not match.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", answering_as_json(_not_found))
     return app
 
 

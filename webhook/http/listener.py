@@ -42,6 +42,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from webhook.http.app import request_handler
 from webhook.http.connections import NEVER_SERVED, SERVED, ConnectionTable
 from webhook.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
 
@@ -102,6 +103,7 @@ class BoundedRequestHandler(RequestHandler):
     def __init__(self, listener: Listener, server: web.Server, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self._listener = listener
+        self._request_handler = listener.request_handler  # type: ignore[assignment]  # it takes the app's Request
         self._header_timeout_s = listener.limits.header_timeout_s
         self._body_timeout_s = listener.limits.body_timeout_s
         self._tick_s = max(self._header_timeout_s, self._body_timeout_s)
@@ -280,6 +282,8 @@ class Listener:
             served_batch=max(1, limits.max_connections // 64)
         )
         self.accepted = 0  # TCP connections accepted, shed ones included
+        # The admission routes without the router, the rest through it (webhook.http.app).
+        self.request_handler = request_handler(runner.app)
         self._gauge = CONNECTIONS_OPEN.labels(name)
         self._closed_counters = {
             reason: CONNECTIONS_CLOSED.labels(name, reason) for reason in (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT)
