@@ -172,8 +172,8 @@ def _containers_gpus(spec: Mapping[str, Any], key: str, largest: bool) -> float:
             if type(resources) is dict:
                 limits = resources.get("limits")
                 requests = resources.get("requests")
-                if (limits is None or type(limits) is dict and GPU_RESOURCE not in limits) and (
-                    requests is None or type(requests) is dict and GPU_RESOURCE not in requests
+                if (limits is None or (type(limits) is dict and GPU_RESOURCE not in limits)) and (
+                    requests is None or (type(requests) is dict and GPU_RESOURCE not in requests)
                 ):
                     continue
             elif resources is None:

@@ -103,9 +103,7 @@ def _class_answer(found: PriorityClassInfo, from_label: bool) -> RunaiPreemptibi
     if entry is not None and entry[0] is found:
         return entry[1]
     source = f"label {RUNAI_PRIORITY_LABEL}" if from_label else "spec.priorityClassName"
-    answer = RunaiPreemptibility(
-        found.value < NON_PREEMPTIBLE_PRIORITY, f"{source} {found.name} (value {found.value})"
-    )
+    answer = RunaiPreemptibility(found.value < NON_PREEMPTIBLE_PRIORITY, f"{source} {found.name} (value {found.value})")
     if len(_class_answers) >= _MEMO_LIMIT:
         _class_answers.clear()
     _class_answers[id(found), from_label] = (found, answer)
