@@ -115,9 +115,7 @@ def runai_in_use(snapshot: ClusterSnapshot, namespace: str, project: RunaiProjec
     freed = snapshot.freed_pods.get(namespace)
     if not freed:
         return max(0.0, project.allocated_non_preemptible)
-    freed_since = sum(
-        f.gpus for f in freed.values() if f.at > project.sampled_at and f.scheduled and not f.preemptible
-    )
+    freed_since = sum(f.gpus for f in freed.values() if f.at > project.sampled_at and f.scheduled and not f.preemptible)
     return max(0.0, project.allocated_non_preemptible - freed_since)
 
 
@@ -186,8 +184,10 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         gpus,
         now,
         exclude=request_key(request),
-        asks=lambda: f"this {kind} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
-        "administrator for more Run:ai quota",
+        asks=lambda: (
+            f"this {kind} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
+            "administrator for more Run:ai quota"
+        ),
     )
 
 
@@ -222,10 +222,11 @@ def check_quota(
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
     # `gpus_left(...).left`, without the record: the same two counts and the same formula.
     in_use = max(runai_in_use(snapshot, namespace, project), gpus_in_use(snapshot, namespace, now, exclude=exclude))
-    left = project.deserved_gpus - in_use
+    deserved = project.deserved_gpus
+    left = deserved - in_use
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(project.deserved_gpus)} deserved GPUs "
+            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs "
             "left; " + (asks if isinstance(asks, str) else asks()) + _unreadable_note(snapshot, namespace),
             code=403,
             reason=Reason.GPU_QUOTA_EXCEEDED,
