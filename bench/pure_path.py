@@ -18,7 +18,10 @@ ones above it) N times under callgrind, which dumps its counters whenever the pr
   answer    + the AdmissionReview answer, patch and all (`build_response`, serialised)
 
 b and c are the scenarios of `bench.instructions`: the bench's pod on /mutate/pods in a Kueue
-project, a GPU notebook on /validate/pods in a Run:ai-bound project. Needs valgrind.
+project, a GPU notebook on /validate/pods in a Run:ai-bound project. c_view is c as a replica
+against an apiserver decides it, with the Run:ai directory's record of the project in the
+snapshot (as `bench.run`'s c_view): c in folder mode has no such record and stops before the
+quota sum. Needs valgrind.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 
 from bench.workload import kueue_state, mutate_body, runai_state, validate_body
 
+SCENARIOS = ("b", "c", "c_view")
 STAGES = ("decode", "envelope", "object", "pod", "target", "decision", "answer")
 STANDS_ALONE = STAGES.index("pod")
 TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
@@ -43,7 +47,7 @@ WARMUP = 30
 
 
 def stage_functions(scenario: str, work: Path) -> list[Callable[[], bytes]]:
-    """The cumulative stages for scenario b or c, over a cluster-state folder made in `work`."""
+    """The cumulative stages for scenario b, c or c_view, over a cluster-state folder made in `work`."""
     from webhook.admission import build_response, dumps, loads, object_errors, parse_review
     from webhook.core.decision import Decision
     from webhook.core.quota import validate_pod
@@ -62,6 +66,19 @@ def stage_functions(scenario: str, work: Path) -> list[Callable[[], bytes]]:
     else:
         load_into(state, runai_state(work / "state"))
         body = validate_body()
+        if scenario == "c_view":
+            # Cluster mode: the Run:ai directory's record of the project is in the snapshot, so the
+            # review reaches the quota sum (folder mode has none and stops before it).
+            from bench.workload import RUNAI_DESERVED_GPUS, RUNAI_PROJECT
+            from webhook.snapshot import RunaiProjectInfo
+
+            snapshot = state.snapshot()
+            snapshot.runai_reachable = True
+            snapshot.runai_projects = {
+                RUNAI_PROJECT: RunaiProjectInfo(
+                    id="1", name=RUNAI_PROJECT, namespace=RUNAI_PROJECT, deserved_gpus=RUNAI_DESERVED_GPUS
+                )
+            }
 
         def decide(review: dict[str, object]) -> Decision:
             return validate_pod(review, state.snapshot(), time.time())
@@ -154,10 +171,10 @@ def count(scenario: str, calls: int, root: Path) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pure_path", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="b,c", help="scenarios: b, c or both")
+    parser.add_argument("--only", default="b,c,c_view", help="scenarios: b, c, c_view, comma-separated")
     parser.add_argument("--calls", type=int, default=300, help="calls per stage")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout: count it too, side by side")
-    parser.add_argument("--inside", choices=("b", "c"), help=argparse.SUPPRESS)
+    parser.add_argument("--inside", choices=SCENARIOS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
         run_stages(args.inside, args.calls)

@@ -92,6 +92,12 @@ class GpuRequestError(ValueError):
 def parse_quantity(value: Any, maximum: float = MAX_QUANTITY) -> float:
     """A Kubernetes quantity as a number ("2", "500m", "1k", "1e3"). Raises ValueError unless it is
     a finite, non-negative number of at most `maximum` written in ASCII by the quantity grammar."""
+    if type(value) is str and len(value) <= 15 and value.isdigit() and value.isascii():
+        # "1", "2": nearly every GPU request, exact, finite and not negative by its grammar.
+        number = float(int(value))
+        if number > maximum:
+            raise ValueError(f"quantity {_shown(value)} is more than {maximum:g}")
+        return number
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, int):
@@ -134,20 +140,47 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _container_gpus(container: Mapping[str, Any], where: str) -> float:
+def _container_gpus(container: Mapping[str, Any], key: str, index: int) -> float:
+    # The field's path is written only for an error: this runs for every container of every review.
     resources = container.get("resources") or {}
-    if not isinstance(resources, Mapping):
-        raise GpuRequestError(f"{where}.resources must be an object")
+    if type(resources) is not dict and not isinstance(resources, Mapping):
+        raise GpuRequestError(f"spec.{key}[{index}].resources must be an object")
     for section in ("limits", "requests"):
         amounts = resources.get(section) or {}
-        if not isinstance(amounts, Mapping):
-            raise GpuRequestError(f"{where}.resources.{section} must be an object")
+        if type(amounts) is not dict and not isinstance(amounts, Mapping):
+            raise GpuRequestError(f"spec.{key}[{index}].resources.{section} must be an object")
         if GPU_RESOURCE in amounts:
             try:
                 return parse_quantity(amounts[GPU_RESOURCE], MAX_GPUS)
             except ValueError as exc:
-                raise GpuRequestError(f"{where}.resources.{section}[{GPU_RESOURCE}]: {exc}") from None
+                raise GpuRequestError(f"spec.{key}[{index}].resources.{section}[{GPU_RESOURCE}]: {exc}") from None
     return 0.0
+
+
+def _containers_gpus(spec: Mapping[str, Any], key: str, largest: bool) -> float:
+    """The sum (or the largest) of the GPUs of the containers under `key`."""
+    total = 0.0
+    for index, container in enumerate(_list(spec, key)):
+        if type(container) is not dict:
+            if not isinstance(container, dict):
+                continue
+        else:
+            # Admission and the pod cache read every container of every pod, and nearly none asks
+            # for a GPU: plain dicts without the resource are passed over here, before the full
+            # read below (which would find 0 GPUs and no error in them).
+            resources = container.get("resources")
+            if type(resources) is dict:
+                limits = resources.get("limits")
+                requests = resources.get("requests")
+                if (limits is None or (type(limits) is dict and GPU_RESOURCE not in limits)) and (
+                    requests is None or (type(requests) is dict and GPU_RESOURCE not in requests)
+                ):
+                    continue
+            elif resources is None:
+                continue
+        gpus = _container_gpus(container, key, index)
+        total = max(total, gpus) if largest else total + gpus
+    return total
 
 
 def _annotation_quantity(annotations: Mapping[str, Any], key: str) -> float:
@@ -166,26 +199,15 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> float:
     Raises GpuRequestError (a ValueError) naming the field when a quantity cannot be read.
     """
     spec = pod.get("spec") or {}
-    if not isinstance(spec, Mapping):
+    if type(spec) is not dict and not isinstance(spec, Mapping):
         raise GpuRequestError("spec must be an object")
-    app = sum(
-        _container_gpus(c, f"spec.containers[{i}]")
-        for i, c in enumerate(_list(spec, "containers"))
-        if isinstance(c, dict)
-    )
-    init = max(
-        (
-            _container_gpus(c, f"spec.initContainers[{i}]")
-            for i, c in enumerate(_list(spec, "initContainers"))
-            if isinstance(c, dict)
-        ),
-        default=0.0,
-    )
-    gpus = max(app, init)
+    gpus = max(_containers_gpus(spec, "containers", False), _containers_gpus(spec, "initContainers", True))
     meta = pod.get("metadata") or {}
-    annotations = (meta.get("annotations") or {}) if isinstance(meta, Mapping) else {}
-    if not isinstance(annotations, Mapping):
+    annotations = (meta.get("annotations") or {}) if type(meta) is dict or isinstance(meta, Mapping) else {}
+    if type(annotations) is not dict and not isinstance(annotations, Mapping):
         raise GpuRequestError("metadata.annotations must be an object")
+    if not annotations:
+        return gpus
     devices = 1.0
     if GPU_FRACTION_DEVICES_ANNOTATION in annotations:
         devices = _annotation_quantity(annotations, GPU_FRACTION_DEVICES_ANNOTATION)

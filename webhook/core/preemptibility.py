@@ -64,17 +64,50 @@ def runai_preemptibility(
     label = settings.scheduler.runai.preemptibility_label
     said = labels.get(label) if label else None
     if said in (PREEMPTIBLE, NON_PREEMPTIBLE):
-        return RunaiPreemptibility(said == PREEMPTIBLE, f"label {label}={said}")
+        return _label_answer(label, said == PREEMPTIBLE)
     named = labels.get(RUNAI_PRIORITY_LABEL)
-    source = f"label {RUNAI_PRIORITY_LABEL}"
-    if named is None:
-        named, source = priority_class, "spec.priorityClassName"
+    from_label = named is not None
+    if not from_label:
+        named = priority_class
     found = classes.get(named) if isinstance(named, str) and named else None
     if found is None:
         # Run:ai takes the workload type's default (not visible here) before its fallbacks.
-        return RunaiPreemptibility(False, "no existing priority class: Run:ai's default for the workload type")
-    preemptible = found.value < NON_PREEMPTIBLE_PRIORITY
-    return RunaiPreemptibility(preemptible, f"{source} {found.name} (value {found.value})")
+        return _NO_CLASS
+    return _class_answer(found, from_label)
+
+
+# -- answers cached per cluster object ---------------------------------------------------------
+# Every review and every cached GPU pod asks; the answer is one of a few per settings label and
+# per PriorityClass record, so it is made once for each. The keys are the settings' label (and
+# one of its two values) and the identity of a class record of the cluster, never what a request
+# carries; an entry holds its record, so the identity is not reused while the entry lives, and a
+# replaced record's entry is never hit again. Emptied when full: a bound, not an eviction policy.
+_NO_CLASS = RunaiPreemptibility(False, "no existing priority class: Run:ai's default for the workload type")
+_MEMO_LIMIT = 256
+_label_answers: dict[tuple[str, bool], RunaiPreemptibility] = {}
+_class_answers: dict[tuple[int, bool], tuple[PriorityClassInfo, RunaiPreemptibility]] = {}
+
+
+def _label_answer(label: str, preemptible: bool) -> RunaiPreemptibility:
+    answer = _label_answers.get((label, preemptible))
+    if answer is None:
+        if len(_label_answers) >= _MEMO_LIMIT:
+            _label_answers.clear()
+        said = PREEMPTIBLE if preemptible else NON_PREEMPTIBLE
+        answer = _label_answers[label, preemptible] = RunaiPreemptibility(preemptible, f"label {label}={said}")
+    return answer
+
+
+def _class_answer(found: PriorityClassInfo, from_label: bool) -> RunaiPreemptibility:
+    entry = _class_answers.get((id(found), from_label))
+    if entry is not None and entry[0] is found:
+        return entry[1]
+    source = f"label {RUNAI_PRIORITY_LABEL}" if from_label else "spec.priorityClassName"
+    answer = RunaiPreemptibility(found.value < NON_PREEMPTIBLE_PRIORITY, f"{source} {found.name} (value {found.value})")
+    if len(_class_answers) >= _MEMO_LIMIT:
+        _class_answers.clear()
+    _class_answers[id(found), from_label] = (found, answer)
+    return answer
 
 
 def intended(kind: str | None, settings: ClusterSettings) -> str:

@@ -12,7 +12,8 @@ depth, `core.kueue.ungated_pod_refusal`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.core.scheduling import pod_target
-from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo
+from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo, holds_gpus
 
 EPSILON = 1e-9  # fractions add up in floating point
 
@@ -37,9 +38,11 @@ def gpus_in_use(snapshot: ClusterSnapshot, namespace: str, now: float, exclude: 
     """GPUs held by the namespace's running or waiting non-preemptible pods, plus live reservations
     for pods the cache does not show yet. A reservation of a pod the cache saw deleted or finished
     no longer counts: its GPUs are free once the cache learns it, not when the reservation expires."""
+    used = pods_holding(snapshot, namespace, exclude)
+    reservations = snapshot.gpu_reservations.get(namespace)
+    if not reservations:
+        return used
     pods = snapshot.pods.get(namespace, {})
-    used = sum(p.gpus for uid, p in pods.items() if uid != exclude and not p.finished and not p.preemptible)
-    reservations = snapshot.gpu_reservations.get(namespace, {})
     freed = snapshot.freed_pods.get(namespace, {})
     pending = sum(
         r.gpus
@@ -47,6 +50,18 @@ def gpus_in_use(snapshot: ClusterSnapshot, namespace: str, now: float, exclude: 
         if key != exclude and key not in pods and key not in freed and r.expires_at > now
     )
     return used + pending
+
+
+def pods_holding(snapshot: ClusterSnapshot, namespace: str, exclude: str = "") -> float:
+    """GPUs held by the namespace's cached pods that are neither finished nor preemptible (what
+    counts against deserved GPUs), less pod `exclude`'s: their exact sum, correctly rounded. The
+    pod cache keeps it as it changes (`snapshot.HeldGpus`); a snapshot without one sums the pods."""
+    index = snapshot.held_gpus_index
+    if index is None:
+        pods = snapshot.pods.get(namespace) or {}
+        return math.fsum(p.gpus for uid, p in pods.items() if uid != exclude and holds_gpus(p))
+    excluded = snapshot.pods.get(namespace, {}).get(exclude) if exclude else None
+    return index.get(namespace) if excluded is None else index.without(namespace, excluded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +102,21 @@ def gpus_left(
         project = (snapshot.runai_projects or {}).get(namespace)
         if project is None:
             return None
-    freed_since = sum(
-        f.gpus
-        for f in snapshot.freed_pods.get(namespace, {}).values()
-        if f.at > project.sampled_at and f.scheduled and not f.preemptible
-    )
     return GpusLeft(
         node_pool=project.node_pool,
         deserved=project.deserved_gpus,
-        runai_in_use=max(0.0, project.allocated_non_preemptible - freed_since),
+        runai_in_use=runai_in_use(snapshot, namespace, project),
         pods_in_use=gpus_in_use(snapshot, namespace, now, exclude=exclude),
     )
+
+
+def runai_in_use(snapshot: ClusterSnapshot, namespace: str, project: RunaiProjectInfo) -> float:
+    """`GpusLeft.runai_in_use`: Run:ai's count less the scheduled non-preemptible pods that left since."""
+    freed = snapshot.freed_pods.get(namespace)
+    if not freed:
+        return max(0.0, project.allocated_non_preemptible)
+    freed_since = sum(f.gpus for f in freed.values() if f.at > project.sampled_at and f.scheduled and not f.preemptible)
+    return max(0.0, project.allocated_non_preemptible - freed_since)
 
 
 def format_gpus(value: float) -> str:
@@ -126,17 +145,18 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             code=409,
             reason=Reason.PROJECT_MOVING,
         )
-    if ns.runai_queue is None:
+    queue = ns.runai_queue
+    if queue is None:
         return Decision.deny(
             f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",
             code=403,
             reason=Reason.RUNAI_PROJECT_NOT_BOUND,
         )
-    if target.labels.get(RUNAI_QUEUE_LABEL) != ns.runai_queue:
+    if target.labels.get(RUNAI_QUEUE_LABEL) != queue:
         # Our mutating webhook labels every pod of a bound project; a pod without the label (or with
         # another) was mutated before the binding, so Run:ai's webhooks did not see it either.
         return Decision.deny(
-            f"pod lacks {RUNAI_QUEUE_LABEL}={ns.runai_queue}, the Run:ai queue of project {ns.name}, so it did not "
+            f"pod lacks {RUNAI_QUEUE_LABEL}={queue}, the Run:ai queue of project {ns.name}, so it did not "
             "pass Run:ai's admission; create it again (the scheduling webhook adds the label)",
             code=403,
             reason=Reason.RUNAI_QUEUE_MISSING,
@@ -149,22 +169,25 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         gpus = pod_gpu_request(target.pod)
     except ValueError as exc:
         return Decision.deny(f"GPU request: {exc}", code=400, reason=Reason.INVALID)
+    if gpus <= 0:
+        return Decision.allow()
     # As Run:ai will classify it, from the labels the mutating webhook wrote.
     seen = runai_preemptibility(
         target.labels, target.spec.get("priorityClassName"), snapshot.priority_classes, settings
     )
     if seen.preemptible:
         return Decision.allow()  # Run:ai may preempt it, so it may run over quota on idle GPUs
-    if gpus <= 0:
-        return Decision.allow()
+    kind = target.kind or "pod"
     return check_quota(
         snapshot,
         ns.name,
         gpus,
         now,
         exclude=request_key(request),
-        asks=f"this {target.kind or 'pod'} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
-        "administrator for more Run:ai quota",
+        asks=lambda: (
+            f"this {kind} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
+            "administrator for more Run:ai quota"
+        ),
     )
 
 
@@ -179,22 +202,32 @@ def _unreadable_note(snapshot: ClusterSnapshot, namespace: str) -> str:
 
 
 def check_quota(
-    snapshot: ClusterSnapshot, namespace: str, gpus: float, now: float, *, asks: str, exclude: str = ""
+    snapshot: ClusterSnapshot,
+    namespace: str,
+    gpus: float,
+    now: float,
+    *,
+    asks: str | Callable[[], str],
+    exclude: str = "",
 ) -> Decision:
     """R3 for a bound project: allow `gpus` more GPUs when the project has that many of its
     deserved GPUs left. A refusal says "N of M deserved GPUs left; " and then `asks` (what the
-    request asks for and what the user can do)."""
-    quota = gpus_left(snapshot, namespace, now, exclude=exclude)
-    if quota is None:
+    request asks for and what the user can do; a function of nothing, to write it only for a
+    refusal)."""
+    project = (snapshot.runai_projects or {}).get(namespace)
+    if project is None:
         if (refused := runai_record_missing(snapshot, namespace)) is not None:
             return refused
         # Bound, and the last refresh found Run:ai unreachable: Run:ai enforces the quota when it schedules.
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
-    left = quota.left
+    # `gpus_left(...).left`, without the record: the same two counts and the same formula.
+    in_use = max(runai_in_use(snapshot, namespace, project), gpus_in_use(snapshot, namespace, now, exclude=exclude))
+    deserved = project.deserved_gpus
+    left = deserved - in_use
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
-            "left; " + asks + _unreadable_note(snapshot, namespace),
+            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs "
+            "left; " + (asks if isinstance(asks, str) else asks()) + _unreadable_note(snapshot, namespace),
             code=403,
             reason=Reason.GPU_QUOTA_EXCEEDED,
         )

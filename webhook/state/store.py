@@ -24,6 +24,7 @@ from webhook.snapshot import (
     ClusterSnapshot,
     DeploymentInfo,
     FreedPod,
+    HeldGpus,
     LocalQueueInfo,
     NamespaceInfo,
     PodRecord,
@@ -79,6 +80,8 @@ class ClusterState:
         self.kueue: dict[str, dict[str, Any]] = {kind: {} for kind in _KUEUE_RECORDS}
         self.replica_sets: dict[str, dict[str, ReplicaSetInfo]] = {}
         self.pods: dict[str, dict[str, PodRecord]] = {}
+        # `pods`' held GPUs per namespace: every write to `pods` below tells it (quota reads it).
+        self.held_gpus = HeldGpus()
         self.freed_pods: dict[str, dict[str, FreedPod]] = {}
         # Uids of cached pods whose GPU request cannot be read (counted as UNREADABLE_POD_GPUS).
         self.unreadable_gpu_pods: set[str] = set()
@@ -95,6 +98,7 @@ class ClusterState:
             topologies=self.kueue["Topology"],
             replica_sets=self.replica_sets,
             pods=self.pods,
+            held_gpus_index=self.held_gpus,
             freed_pods=self.freed_pods,
         )
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
@@ -154,6 +158,7 @@ class ClusterState:
             pods = self.pods.setdefault(record.namespace, {})
             previous = pods.get(record.uid)
             pods[record.uid] = record
+            self.held_gpus.replace(previous, record)
             self._mark_unreadable(record.uid, record.gpus_unreadable)
             if record.finished and previous is not None and not previous.finished:
                 self._freed(previous)
@@ -169,6 +174,7 @@ class ClusterState:
             self.namespaces.pop(name, None)
             for uid in self.pods.pop(name, {}):
                 self._mark_unreadable(uid, False)
+            self.held_gpus.drop(name)
             self.freed_pods.pop(name, None)
             self.local_queues.pop(name, None)
             self.local_queue_info.pop(name, None)
@@ -214,6 +220,7 @@ class ClusterState:
             uid = meta.get("uid") or f"{ns}/{name}"
             pods = self.pods.get(ns)
             record = pods.pop(uid, None) if pods is not None else None
+            self.held_gpus.replace(record, None)
             if pods is not None and not pods:
                 self.pods.pop(ns, None)
             self._mark_unreadable(uid, False)
@@ -244,6 +251,7 @@ class ClusterState:
         elif kind == "Pod":
             before = [record for pods in self.pods.values() for record in pods.values()]
             self.pods.clear()
+            self.held_gpus.clear()
             self.unreadable_gpu_pods.clear()
             PODS_UNREADABLE_GPUS.set(0)
             apply_each(kind, objects, self.apply)
@@ -354,6 +362,7 @@ class ClusterState:
                     kind = classify_workload(record.labels, rules, record.controller)
                     seen = runai_preemptibility(record.labels, record.priority_class, self.priority_classes, settings)
                     pods[uid] = dataclasses.replace(record, kind=kind, preemptible=seen.preemptible)
+        self.held_gpus.rebuild(self.pods)
 
     def _notify(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         for listener in self.listeners:
