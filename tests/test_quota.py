@@ -525,3 +525,17 @@ def test_gpus_left_is_the_larger_of_runai_and_the_pods_not_their_sum() -> None:
 
 def test_freed_pods_are_remembered_longer_than_a_reservation_lives() -> None:
     assert FREED_RETENTION_S > DEFAULT_TTL_S
+
+
+def test_a_sidecars_gpus_count_beside_the_notebooks() -> None:
+    # An init container with restartPolicy Always runs for the pod's whole life: 1 + 2 GPUs held,
+    # over the 2 deserved. Read as an ordinary init container (the larger of 1 and 2) it passed.
+    state = cluster_state(namespaces=[BOUND], run_ai_enable=True)
+    snap = state.snapshot()
+    snap.runai_reachable = True
+    snap.runai_projects = {"vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=2)}
+    labels = {**NOTEBOOK, "runai/queue": "vision", PREEMPTIBILITY: "non-preemptible"}
+    sidecar = {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    data = pod_review("vision", labels=labels, gpus=1, spec={"initContainers": [sidecar]})
+    decision = validate_pod(data["request"], snap, now=NOW)
+    assert_decision(decision, allowed=False, reason="GpuQuotaExceeded")

@@ -63,6 +63,21 @@ GPU_CASES = [
     ("a fraction on devices", pod(annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}), 1.0),
     ("memory counts a device", pod(annotations={"gpu-memory": "2000"}), 1.0),
     ("a container that is not an object is passed over", pod("x", c({GPU: "1"})), 1.0),
+    # Sidecars (init containers with restartPolicy Always) run beside the app containers: their
+    # GPUs add up, as the scheduler adds them; they were read as one more init container.
+    ("a sidecar adds to the app", pod(c({GPU: "1"}), init=[c({GPU: "2"}, restartPolicy="Always")]), 3.0),
+    ("sidecars alone", pod(c(), init=[c({GPU: "1"}, restartPolicy="Always")] * 2), 2.0),
+    (
+        "an init container runs beside the sidecars before it",
+        pod(c({GPU: "1"}), init=[c({GPU: "1"}, restartPolicy="Always"), c({GPU: "3"})]),
+        4.0,
+    ),
+    (
+        "but not beside those after it",
+        pod(c({GPU: "1"}), init=[c({GPU: "3"}), c({GPU: "1"}, restartPolicy="Always")]),
+        3.0,
+    ),
+    ("another restartPolicy is no sidecar", pod(c({GPU: "1"}), init=[c({GPU: "2"}, restartPolicy="Never")]), 2.0),
 ]
 
 
@@ -126,8 +141,15 @@ def reference_gpus(pod_: dict[str, Any]) -> float:
         return 0.0
 
     app = sum(one(x) for x in spec.get("containers") or [] if isinstance(x, dict))
-    init = max((one(x) for x in spec.get("initContainers") or [] if isinstance(x, dict)), default=0.0)
-    return max(app, init)
+    # Sidecars (restartPolicy Always) as the scheduler counts them: beside the app containers and
+    # beside every init container after them.
+    sidecars = peak = 0.0
+    for x in spec.get("initContainers") or []:
+        if isinstance(x, dict):
+            sidecar = x.get("restartPolicy") == "Always"
+            sidecars += one(x) if sidecar else 0.0
+            peak = max(peak, sidecars if sidecar else sidecars + one(x))
+    return max(app + sidecars, peak)
 
 
 AMOUNT = st.one_of(st.sampled_from(["1", "2", "500m", "x", "-1", "", "1e2"]), st.integers(-1, 3), st.none())
@@ -137,8 +159,9 @@ SECTION = st.one_of(
     st.dictionaries(st.sampled_from([GPU, "cpu", "memory"]), AMOUNT, max_size=3),
 )
 CONTAINER = st.one_of(
-    st.builds(lambda limits, requests: {"name": "c", "resources": {"limits": limits, "requests": requests}}, SECTION,
-              SECTION),
+    st.builds(lambda limits, requests, policy: {"name": "c", "resources": {"limits": limits, "requests": requests},
+                                                **policy}, SECTION, SECTION,
+              st.sampled_from([{}, {"restartPolicy": "Always"}, {"restartPolicy": "Never"}])),
     st.builds(lambda resources: {"name": "c", "resources": resources}, st.sampled_from([None, {}, "", "x", 0, []])),
     st.sampled_from([{"name": "c"}, "x", None]),
 )  # fmt: skip

@@ -157,30 +157,44 @@ def _container_gpus(container: Mapping[str, Any], key: str, index: int) -> float
     return 0.0
 
 
-def _containers_gpus(spec: Mapping[str, Any], key: str, largest: bool) -> float:
-    """The sum (or the largest) of the GPUs of the containers under `key`."""
-    total = 0.0
-    for index, container in enumerate(_list(spec, key)):
-        if type(container) is not dict:
-            if not isinstance(container, dict):
-                continue
+def _one_container_gpus(container: Any, key: str, index: int) -> float:
+    """The GPUs of one container under `key` (0 for an entry that is not an object)."""
+    if type(container) is dict:
+        # Admission and the pod cache read every container of every pod, and nearly none asks
+        # for a GPU: plain dicts without the resource are passed over here, before the full
+        # read below (which would find 0 GPUs and no error in them).
+        resources = container.get("resources")
+        if type(resources) is dict:
+            limits = resources.get("limits")
+            requests = resources.get("requests")
+            if (limits is None or (type(limits) is dict and GPU_RESOURCE not in limits)) and (
+                requests is None or (type(requests) is dict and GPU_RESOURCE not in requests)
+            ):
+                return 0.0
+        elif resources is None:
+            return 0.0
+    elif not isinstance(container, dict):
+        return 0.0
+    return _container_gpus(container, key, index)
+
+
+def _containers_gpus(spec: Mapping[str, Any]) -> float:
+    """The GPUs a pod's containers hold, as the scheduler counts a pod's requests: the app
+    containers and the sidecars (init containers with `restartPolicy: Always`, which keep running
+    beside them), or, when larger, the most held while the init containers run one by one, each
+    beside the sidecars started before it."""
+    app = 0.0
+    for index, container in enumerate(_list(spec, "containers")):
+        app += _one_container_gpus(container, "containers", index)
+    sidecars = init_peak = 0.0
+    for index, container in enumerate(_list(spec, "initContainers")):
+        gpus = _one_container_gpus(container, "initContainers", index)
+        if isinstance(container, dict) and container.get("restartPolicy") == "Always":
+            sidecars += gpus
+            init_peak = max(init_peak, sidecars)
         else:
-            # Admission and the pod cache read every container of every pod, and nearly none asks
-            # for a GPU: plain dicts without the resource are passed over here, before the full
-            # read below (which would find 0 GPUs and no error in them).
-            resources = container.get("resources")
-            if type(resources) is dict:
-                limits = resources.get("limits")
-                requests = resources.get("requests")
-                if (limits is None or (type(limits) is dict and GPU_RESOURCE not in limits)) and (
-                    requests is None or (type(requests) is dict and GPU_RESOURCE not in requests)
-                ):
-                    continue
-            elif resources is None:
-                continue
-        gpus = _container_gpus(container, key, index)
-        total = max(total, gpus) if largest else total + gpus
-    return total
+            init_peak = max(init_peak, sidecars + gpus)
+    return max(app + sidecars, init_peak)
 
 
 def _annotation_quantity(annotations: Mapping[str, Any], key: str) -> float:
@@ -193,15 +207,16 @@ def _annotation_quantity(annotations: Mapping[str, Any], key: str) -> float:
 def pod_gpu_request(pod: Mapping[str, Any]) -> float:
     """GPUs a pod holds while it runs: whole devices plus Run:ai fractions.
 
-    Like the scheduler: the larger of the sum over app containers and the largest init container.
-    A `gpu-memory` request cannot be turned into a fraction without the node's GPU, so it counts as
-    one device per requested device: an upper bound, so quota never leaks.
+    Like the scheduler: the app containers and sidecars, or the largest init container beside the
+    sidecars before it when that is more (`_containers_gpus`). A `gpu-memory` request cannot be
+    turned into a fraction without the node's GPU, so it counts as one device per requested
+    device: an upper bound, so quota never leaks.
     Raises GpuRequestError (a ValueError) naming the field when a quantity cannot be read.
     """
     spec = pod.get("spec") or {}
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise GpuRequestError("spec must be an object")
-    gpus = max(_containers_gpus(spec, "containers", False), _containers_gpus(spec, "initContainers", True))
+    gpus = _containers_gpus(spec)
     meta = pod.get("metadata") or {}
     annotations = (meta.get("annotations") or {}) if type(meta) is dict or isinstance(meta, Mapping) else {}
     if type(annotations) is not dict and not isinstance(annotations, Mapping):
