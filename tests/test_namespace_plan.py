@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 
 from tests import test_pod_groups, test_scheduling
@@ -27,7 +28,9 @@ from tests.support.cluster import (
 )
 from tests.support.reviews import owned_by, pod_review
 from webhook.core.decision import Decision
-from webhook.core.scheduling import mutate_pod
+from webhook.core.namespace_plan import namespace_plan
+from webhook.core.patch import PodPatch
+from webhook.core.scheduling import _inject_node_affinity, mutate_pod, pod_target
 from webhook.snapshot import ClusterSnapshot
 from webhook.state.store import ClusterState
 
@@ -171,6 +174,18 @@ def test_a_plan_is_made_again_for_a_namespace_record_written_around_the_store() 
         state.namespaces["churn"], annotations={"scheduling.hopsworks.ai/defaults": '{"priorityClass": "batch"}'}
     )
     assert mutate_pod(review, state.snapshot()).audit["priority-class"] == "batch"
+
+
+@pytest.mark.parametrize("name", ["churn", "fraud"])
+def test_the_plans_spec_affinity_is_what_the_rule_makes_for_a_pod_without_affinity(name: str) -> None:
+    state = cluster_state(namespaces=test_scheduling.NAMESPACES)
+    target = pod_target(pod_review(name)["request"], state.snapshot())
+    assert target is not None and "affinity" not in target.spec
+    plan = namespace_plan(target.namespace, state.snapshot())
+    patch = PodPatch(target.pod)
+    assert _inject_node_affinity(target, plan.affinity_groups, plan.anti_affinity_groups, plan.max_terms, patch) is None
+    assert plan.spec_affinity is not None
+    assert patch.operations() == [{"op": "add", "path": "/spec/affinity", "value": orjson.loads(plan.spec_affinity)}]
 
 
 # -- the same decisions with and without the memo, over the scheduling tables ---------------------

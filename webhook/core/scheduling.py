@@ -318,17 +318,13 @@ def _inject_node_affinity(
         if new_terms == own_terms:
             return None
     if len(new_terms) > limit:
-        return _too_many_terms(len(own_terms), len(affinity) or 1, len(new_terms), limit)
+        return (
+            f"the pod's required node affinity has {len(own_terms)} terms; combined with "
+            f"{len(affinity) or 1} affinity label keys it would need {len(new_terms)} terms, more than the limit of "
+            f"{limit}: simplify the pod's nodeAffinity or choose fewer affinity labels"
+        )
     _place_terms(target, required, new_terms, patch)
     return None
-
-
-def _too_many_terms(own: int, keys: int, needed: int, limit: int) -> str:
-    return (
-        f"the pod's required node affinity has {own} terms; combined with {keys} affinity label keys it "
-        f"would need {needed} terms, more than the limit of {limit}: simplify the pod's nodeAffinity or "
-        "choose fewer affinity labels"
-    )
 
 
 def _bounded(own_terms: list[dict[str, Any]], groups: Sequence[dict[str, Any] | None]) -> str | None:
