@@ -496,6 +496,23 @@ class GpuReservation:
     expires_at: float  # epoch seconds; a pod that never appears stops counting then
 
 
+class NamespaceMemo:
+    """What decisions derive from a namespace and the cluster objects around it (`core.namespace_plan`),
+    kept by namespace name. The store empties it whenever it writes one of the objects the plans
+    read (a Namespace, a PriorityClass, the settings, a LocalQueue or any Kueue object); `generation`
+    counts those emptyings. Keyed only by namespaces the snapshot holds, so bounded by them."""
+
+    __slots__ = ("generation", "plans")
+
+    def __init__(self) -> None:
+        self.plans: dict[str, object] = {}
+        self.generation = 0
+
+    def clear(self) -> None:
+        self.plans.clear()
+        self.generation += 1
+
+
 @dataclass(slots=True)
 class ClusterSnapshot:
     """Read-only view handed to decision functions."""
@@ -534,3 +551,6 @@ class ClusterSnapshot:
     # Run:ai's admission Deployments by name, as the watch of namespace `runai` shows them; None
     # until that watch has listed (folder mode and tests without it: nothing is known, nothing said).
     runai_admission: Mapping[str, DeploymentInfo] | None = None
+    # Per-namespace plans, emptied by the store on every write they depend on; None (a snapshot
+    # built by hand) computes every decision afresh.
+    memo: NamespaceMemo | None = None

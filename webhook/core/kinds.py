@@ -23,10 +23,20 @@ def controller_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     for ref in meta.get("ownerReferences") or ():
         # type() first: parsed JSON is a dict, and the Mapping ABC's check is the slow part here.
         if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True and ref.get("uid"):
-            api_version = str(ref.get("apiVersion") or "")
-            group = api_version.rpartition("/")[0]  # "batch/v1" -> "batch", "v1" -> ""
-            return (group, str(ref.get("kind") or ""))
+            api_version, kind = ref.get("apiVersion"), ref.get("kind")
+            # str() only for what the schema check does not guarantee (a folder's object, a cache).
+            if type(api_version) is not str:
+                api_version = str(api_version or "")
+            if type(kind) is not str:
+                kind = str(kind or "")
+            return (api_version.rpartition("/")[0], kind)  # "batch/v1" -> "batch", "v1" -> ""
     return None
+
+
+def pod_kind(labels: Mapping[str, Any], meta: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
+    """`classify_workload` of a pod with metadata `meta`; its ownerReferences are read only when
+    the labels do not say (most pods: a notebook, an app, a deployment)."""
+    return _labelled_kind(labels, rules) or _owned_kind(labels, rules, controller_owner(meta))
 
 
 def is_job_owner(controller: tuple[str, str] | None, rules: WorkloadKindRules) -> bool:
@@ -44,17 +54,33 @@ def classify_workload(
     written too, but the apiserver's garbage collector deletes a pod whose owner does not exist,
     and a pod of a real Job is that Job's pod.
     """
+    return _labelled_kind(labels, rules) or _owned_kind(labels, rules, controller)
+
+
+# What a workload-type label may make a pod: any kind but a job (see `classify_workload`).
+_LABELLED_KINDS = frozenset(WORKLOAD_KINDS) - PREEMPTIBLE_KINDS
+
+
+def _labelled_kind(labels: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
+    """The kind the labels give (a notebook, terminal, app or deployment), else None."""
     explicit = labels.get(WORKLOAD_TYPE_LABEL)
-    if isinstance(explicit, str) and explicit in WORKLOAD_KINDS and explicit not in PREEMPTIBLE_KINDS:
+    if isinstance(explicit, str) and explicit in _LABELLED_KINDS:
         return explicit
     for rule in rules.rules:
         if rule.kind in PREEMPTIBLE_KINDS:
             continue
         if rule.label in labels and (rule.value is None or labels[rule.label] == rule.value):
             return rule.kind
+    return None
+
+
+def _owned_kind(labels: Mapping[str, Any], rules: WorkloadKindRules, controller: tuple[str, str] | None) -> str | None:
+    """A job or system job: a pod of one of `rules.job_owners`; None for any other pod."""
     if is_job_owner(controller, rules):
         job_type = labels.get("job-type")
-        if explicit == "system-job" or (job_type is not None and str(job_type) in rules.system_job_types):
+        if labels.get(WORKLOAD_TYPE_LABEL) == "system-job" or (
+            job_type is not None and str(job_type) in rules.system_job_types
+        ):
             return "system-job"
         return "job"
     return None

@@ -37,9 +37,9 @@ def replica_set_of(meta: Mapping[str, Any]) -> str | None:
             and ref.get("controller") is True
             and ref.get("kind") == "ReplicaSet"
             and ref.get("apiVersion") == "apps/v1"
-            and isinstance(ref.get("name"), str)
+            and isinstance(name := ref.get("name"), str)
         ):
-            return str(ref["name"])
+            return name
     return None
 
 
@@ -60,6 +60,9 @@ class GroupAnswer(NamedTuple):
     missing: str | None = None  # the ReplicaSet the pod names but the cache does not have yet
 
 
+NO_GROUP = GroupAnswer()  # made once: most pods need no group, and a NamedTuple's __new__ runs Python
+
+
 def deployment_pod_group(
     meta: Mapping[str, Any], replica_sets: Mapping[str, Mapping[str, ReplicaSetInfo]], namespace: str
 ) -> GroupAnswer:
@@ -67,10 +70,10 @@ def deployment_pod_group(
     Deployment wants more than one. A single pod (a notebook, one replica) gets no group."""
     name = replica_set_of(meta)
     if name is None:
-        return GroupAnswer()
+        return NO_GROUP
     info = replica_sets.get(namespace, {}).get(name)
     if info is None:
-        return GroupAnswer(missing=name)
+        return GroupAnswer(None, name)
     if info.deployment is None or info.replicas <= 1:
-        return GroupAnswer()
+        return NO_GROUP
     return GroupAnswer(PodGroup(group_name(name, info.replicas), info.replicas))

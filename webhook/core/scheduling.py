@@ -12,15 +12,24 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from webhook.core.choices import not_allowed, resolve_affinity, resolve_kueue, resolve_priority_class
+from webhook.core.choices import not_allowed, resolve_affinity, resolve_priority_class
 from webhook.core.decision import Decision, Reason
-from webhook.core.kinds import classify_workload, controller_owner
-from webhook.core.offer import SchedulingOffer, scheduling_offer
+from webhook.core.kinds import pod_kind
+from webhook.core.namespace_plan import (
+    Grouped,
+    NamespacePlan,
+    affinity_audit,
+    fresh_terms,
+    grouped,
+    kueue_resolution,
+    match_expressions,
+    namespace_plan,
+)
+from webhook.core.offer import SchedulingOffer
 from webhook.core.patch import PodPatch
 from webhook.core.pod_groups import deployment_pod_group
 from webhook.core.preemptibility import RUNAI_PRIORITY_LABEL, runai_labels
 from webhook.core.runai_admission import runai_pod_refusal
-from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
@@ -31,6 +40,7 @@ from webhook.snapshot import (
     KUEUE_TOPOLOGY_ANNOTATION,
     MIRROR_POD_ANNOTATION,
     PRIORITY_CLASS_ANNOTATION,
+    PROJECT_LABEL,
     RUNAI_QUEUE_LABEL,
     TOPOLOGY_ANNOTATION,
     ClusterSnapshot,
@@ -66,6 +76,10 @@ class PodTarget(NamedTuple):
     labels: Mapping[str, Any]
     annotations: Mapping[str, Any]
     spec: Mapping[str, Any]
+
+
+# PodTarget(...) runs the NamedTuple's Python __new__; the tuple's own is a third of that.
+_new_target = tuple.__new__
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -108,22 +122,27 @@ def pod_target(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> PodTarg
     pod = _created_pod(request)
     if pod is None:
         return None
-    namespace = snapshot.namespaces.get(request_namespace(request))
-    if namespace is None or not namespace.is_project:
+    name = request.get("namespace")
+    if type(name) is not str or not name:  # the apiserver always sends it; a hand-made review may not
+        name = request_namespace(request)
+    namespace = snapshot.namespaces.get(name)
+    if namespace is None or PROJECT_LABEL not in namespace.labels:  # NamespaceInfo.is_project
         return None
-    meta = _map(pod.get("metadata"))
-    annotations = _map(meta.get("annotations"))
-    if MIRROR_POD_ANNOTATION in annotations:
+    # Every review reads these: the dict checks are written out (a call to _map each was a fifth of this).
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = {}
+    elif MIRROR_POD_ANNOTATION in annotations:
         return None  # static pods: the kubelet owns them, and the apiserver refuses changes anyway
-    labels = _map(meta.get("labels"))
-    return PodTarget(
-        pod=pod,
-        namespace=namespace,
-        kind=classify_workload(labels, snapshot.settings.scheduler.workload_kinds, controller_owner(meta)),
-        labels=labels,
-        annotations=annotations,
-        spec=_map(pod.get("spec")),
-    )
+    labels = meta.get("labels")
+    if not isinstance(labels, dict):
+        labels = {}
+    spec = pod.get("spec")
+    kind = pod_kind(labels, meta, snapshot.settings.scheduler.workload_kinds)
+    return _new_target(PodTarget, (pod, namespace, kind, labels, annotations, spec if isinstance(spec, dict) else {}))
 
 
 # A choice of node labels is a few hundred characters; the bound keeps a hostile annotation (the
@@ -152,7 +171,8 @@ class _Mutation:
     refusals and warnings they add up."""
 
     target: PodTarget
-    offer: SchedulingOffer
+    plan: NamespacePlan  # what the namespace's pods get when they choose nothing
+    offer: SchedulingOffer  # the plan's
     snapshot: ClusterSnapshot
     patch: PodPatch
     warnings: list[str]
@@ -184,8 +204,9 @@ def mutate_target(
         if held is not None:
             return held, None
     # The offer is what the scheduling API shows: a choice outside it is refused, its defaults apply.
-    offer = scheduling_offer(target.namespace, snapshot)
-    m = _Mutation(target=target, offer=offer, snapshot=snapshot, patch=PodPatch(target.pod), warnings=list(offer.notes))
+    plan = namespace_plan(target.namespace, snapshot)
+    offer = plan.offer
+    m = _Mutation(target, plan, offer, snapshot, PodPatch(target.pod), list(offer.notes))
 
     _node_affinity(m)
     _priority(m)
@@ -200,22 +221,34 @@ def mutate_target(
 
     if m.errors:
         return Decision.deny("; ".join(m.errors), code=m.code, reason=m.reason, warnings=m.warnings), m.patch
-    return Decision.allow(warnings=m.warnings, audit=m.audit, patch=m.patch.operations()), m.patch
+    # Made directly: the audit map is this mutation's own, so it needs no copy (Decision.allow's).
+    return Decision(True, "", 200, None, tuple(m.patch.operations()), tuple(m.warnings), m.audit), m.patch
 
 
 # -- S1/S2: node labels ------------------------------------------------------------------------
 def _node_affinity(m: _Mutation) -> None:
-    affinity, anti_affinity = _node_labels(m.target, m.offer, m.errors)
-    if m.errors or not (affinity or anti_affinity):
-        return
-    terms_error = _inject_node_affinity(m.target, affinity, anti_affinity, m.snapshot.settings, m.patch)
+    annotations = m.target.annotations
+    if AFFINITY_ANNOTATION in annotations or ANTI_AFFINITY_ANNOTATION in annotations:
+        affinity, anti_affinity = _node_labels(m.target, m.offer, m.errors)
+        if m.errors or not (affinity or anti_affinity):
+            return
+        groups, excluded, audit = grouped(affinity), grouped(anti_affinity), affinity_audit(affinity, anti_affinity)
+    else:  # the offer's defaults, grouped once per namespace
+        plan = m.plan
+        groups, excluded, audit = plan.affinity_groups, plan.anti_affinity_groups, plan.affinity_audit
+        if not audit:
+            return  # no default labels
+        if plan.spec_affinity is not None and not isinstance(m.target.spec.get("affinity"), dict):
+            # The common case, a pod without affinity: the plan's (`_inject_node_affinity` would
+            # make the same), fresh from its serialised form.
+            m.patch.add("/spec/affinity", orjson.loads(plan.spec_affinity))
+            m.audit.update(audit)
+            return
+    terms_error = _inject_node_affinity(m.target, groups, excluded, m.plan.max_terms, m.patch)
     if terms_error:
         m.errors.append(terms_error)
         return
-    if affinity:
-        m.audit["affinity"] = ",".join(affinity)
-    if anti_affinity:
-        m.audit["anti-affinity"] = ",".join(anti_affinity)
+    m.audit.update(audit)
 
 
 def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -> tuple[list[str], list[str]]:
@@ -238,18 +271,6 @@ def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -
     return chosen[0], chosen[1]
 
 
-def _grouped(labels: Sequence[str], operator: str) -> list[dict[str, Any]]:
-    """key=value labels -> one expression per key (values of one key ORed by `In`/`NotIn`).
-    Fresh dicts every call: they end up in a patch, which its reader may change."""
-    # No cache: the labels are a few allowed ones, and a cache keyed by them would be keyed by
-    # what the pod wrote.
-    by_key: dict[str, dict[str, None]] = {}
-    for label in labels:
-        key, _, value = label.partition("=")
-        by_key.setdefault(key.strip(), {})[value.strip()] = None
-    return [{"key": key, "operator": operator, "values": list(values)} for key, values in by_key.items()]
-
-
 def _expression_key(expression: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What makes two expressions the same (values in any order); None when it cannot be ours."""
     values = expression.get("values") or ()
@@ -262,27 +283,21 @@ def _expression_key(expression: Mapping[str, Any]) -> tuple[Any, ...] | None:
 
 
 def _inject_node_affinity(
-    target: PodTarget,
-    affinity: Sequence[str],
-    anti_affinity: Sequence[str],
-    settings: ClusterSettings,
-    patch: PodPatch,
+    target: PodTarget, affinity: Grouped, anti_affinity: Grouped, limit: int, patch: PodPatch
 ) -> str | None:
-    """AND our constraints into every required term; returns an error message or None.
+    """AND our constraints into every required term (`affinity`: one `In` expression per key,
+    `anti_affinity`: `NotIn` ones); returns an error message or None.
 
     Terms are ORed by the scheduler. A node must match one of our affinity keys (one term per key)
     and none of the anti-affinity labels (NotIn in every term), so the result is the cross product
     of the pod's own terms and our affinity expressions. A term that already carries our
     expressions is kept as is, which makes reinvocation a no-op.
     """
-    groups: list[dict[str, Any] | None] = list(_grouped(affinity, "In")) or [None]
-    excluded = _grouped(anti_affinity, "NotIn")
     node_affinity = _map(_map(target.spec.get("affinity")).get("nodeAffinity"))
     required = _map(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     existing = required.get("nodeSelectorTerms")
     own_terms = [t for t in existing if isinstance(t, dict)] if isinstance(existing, list) else []
 
-    limit = settings.scheduler.max_node_selector_terms
     if len(own_terms) > limit:
         # Every own term stays at least one term, so this is refused before any work that grows
         # with the terms (10,000 of them took seconds of event loop when de-duplicated first).
@@ -292,10 +307,10 @@ def _inject_node_affinity(
         )
 
     if not own_terms:
-        # The common case, a pod without required node affinity: one term per affinity key, each
-        # with every exclusion (keys are distinct, so nothing to deduplicate or to bound here).
-        new_terms = [{"matchExpressions": [group, *excluded] if group else list(excluded)} for group in groups]
+        new_terms = fresh_terms(affinity, anti_affinity)
     else:
+        groups: list[dict[str, Any] | None] = list(match_expressions(affinity, "In")) or [None]
+        excluded = match_expressions(anti_affinity, "NotIn")
         error = _bounded(own_terms, groups)
         if error is not None:
             return error
@@ -305,8 +320,8 @@ def _inject_node_affinity(
     if len(new_terms) > limit:
         return (
             f"the pod's required node affinity has {len(own_terms)} terms; combined with "
-            f"{len(groups)} affinity label keys it would need {len(new_terms)} terms, more than the limit of {limit}: "
-            "simplify the pod's nodeAffinity or choose fewer affinity labels"
+            f"{len(affinity) or 1} affinity label keys it would need {len(new_terms)} terms, more than the limit of "
+            f"{limit}: simplify the pod's nodeAffinity or choose fewer affinity labels"
         )
     _place_terms(target, required, new_terms, patch)
     return None
@@ -396,18 +411,19 @@ def _priority(m: _Mutation) -> None:
     if chosen is not None and not isinstance(chosen, str):  # what a hostile pod may write
         m.errors.append(not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
         return
-    resolved = resolve_priority_class(m.offer, chosen)
-    if resolved.error:
-        m.errors.append(resolved.error)
-        return
-    effective = resolved.value
-    if effective is None:
-        return
-    priority_class = classes.get(effective)
-    if priority_class is None:
-        if chosen is None:
-            m.warnings.append(f"default priority class {effective} does not exist in the cluster; none set")
-        return
+    if chosen is None:  # the project's or the cluster's default, resolved once per namespace
+        priority_class = m.plan.default_class
+        if priority_class is None:
+            if m.plan.default_class_warning is not None:
+                m.warnings.append(m.plan.default_class_warning)
+            return
+    else:
+        resolved = resolve_priority_class(m.offer, chosen)
+        if resolved.error:
+            m.errors.append(resolved.error)
+            return
+        if resolved.value is None or (priority_class := classes.get(resolved.value)) is None:
+            return
     # S3: the Priority admission plugin ran before us, so priority must follow the class we set.
     m.patch.set_spec("priorityClassName", priority_class.name)
     m.patch.set_spec("priority", priority_class.value)
@@ -421,8 +437,8 @@ def _kueue(m: _Mutation) -> None:
     behind that queue), checked against the cluster's Kueue objects (`choices.resolve_kueue`)."""
     chosen = m.target.labels.get(KUEUE_QUEUE_LABEL) or None
     chosen_unit = m.target.annotations.get(TOPOLOGY_ANNOTATION)
-    resolved = resolve_kueue(
-        m.offer,
+    resolved = kueue_resolution(
+        m.plan,
         m.snapshot,
         None if chosen is None else str(chosen),
         None if chosen_unit is None else str(chosen_unit),

@@ -27,6 +27,7 @@ from webhook.snapshot import (
     HeldGpus,
     LocalQueueInfo,
     NamespaceInfo,
+    NamespaceMemo,
     PodRecord,
     PriorityClassInfo,
     ReplicaSetInfo,
@@ -52,6 +53,11 @@ _KUEUE_RECORDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "ResourceFlavor": ResourceFlavorInfo.from_object,
     "Topology": TopologyInfo.from_object,
 }
+
+
+# The kinds the namespace plans (`core.namespace_plan`) are made of, besides the settings ConfigMap:
+# a write of any of them empties the memo. Pods and ReplicaSets, the frequent writes, do not.
+PLAN_KINDS = frozenset({"Namespace", "PriorityClass", "LocalQueue", *_KUEUE_RECORDS})
 
 
 def _foreign(obj: Mapping[str, Any], group: str) -> bool:
@@ -87,6 +93,8 @@ class ClusterState:
         self.unreadable_gpu_pods: set[str] = set()
         # Run:ai's admission Deployments (namespace runai), once their watch has listed.
         self.runai_admission: dict[str, DeploymentInfo] = {}
+        # What decisions derive per namespace (`core.namespace_plan`); emptied by `_forget_plans`.
+        self.memo = NamespaceMemo()
         self._snapshot = ClusterSnapshot(
             settings=settings or ClusterSettings(),
             namespaces=self.namespaces,
@@ -100,6 +108,7 @@ class ClusterState:
             pods=self.pods,
             held_gpus_index=self.held_gpus,
             freed_pods=self.freed_pods,
+            memo=self.memo,
         )
         # Which resource kinds have finished their initial list; /readyz waits for all of them.
         self.synced: dict[str, bool] = {}
@@ -121,6 +130,7 @@ class ClusterState:
     def apply(self, obj: Mapping[str, Any]) -> None:
         """Insert or replace one object (any kind this system caches; others are ignored)."""
         kind = obj.get("kind")
+        self._forget_plans(kind)
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
         if kind == "Namespace":
@@ -168,6 +178,7 @@ class ClusterState:
 
     def delete(self, obj: Mapping[str, Any]) -> None:
         kind = obj.get("kind")
+        self._forget_plans(kind)
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
         if kind == "Namespace":
@@ -234,6 +245,7 @@ class ClusterState:
 
     def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
         """A fresh list (initial sync or re-list after 410 Gone): drop what is no longer there."""
+        self._forget_plans(kind)
         if kind == "Namespace":
             self.namespaces.clear()
         elif kind == "PriorityClass":
@@ -319,6 +331,12 @@ class ClusterState:
             found = known.get(name)
             RUNAI_ADMISSION_AVAILABLE.labels(name).set(1 if found is not None and found.available else 0)
 
+    def _forget_plans(self, kind: object) -> None:
+        """Empty the namespace plans before a write they may depend on (emptied first, so a write
+        that fails half-way leaves none behind either)."""
+        if isinstance(kind, str) and kind in PLAN_KINDS:  # a hostile object's kind may be unhashable
+            self.memo.clear()
+
     def _is_settings(self, meta: Mapping[str, Any]) -> bool:
         """The settings ConfigMap in the install namespace (a folder's object may omit the namespace)."""
         return bool(
@@ -343,6 +361,7 @@ class ClusterState:
             self._snapshot.settings_error = conflict
             SETTINGS_REJECTED.set(1)
             return
+        self.memo.clear()  # the plans hold the settings they were made with
         previous, self._snapshot.settings = self._snapshot.settings, settings
         self._snapshot.settings_error = None
         SETTINGS_REJECTED.set(0)
