@@ -66,6 +66,10 @@ DROPPED: dict[str, frozenset[str]] = {
     "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": frozenset({"managedFields"}),
 }
 
+# Named though only some Kubernetes versions define them: the alpha gang-scheduling field of
+# PodSpec is workloadRef in the apiserver 1.35 and schedulingGroup in the 36.x client's OpenAPI.
+OF_SOME_VERSIONS: dict[str, frozenset[str]] = {"PodSpecIn": frozenset({"schedulingGroup", "workloadRef"})}
+
 Quantity = str | int | float  # as the object check takes them; the rules parse them strictly
 
 
@@ -141,6 +145,7 @@ class PodSpecIn(TypedDict, total=False):
     shareProcessNamespace: Any
     subdomain: Any
     terminationGracePeriodSeconds: Any
+    workloadRef: Any
 
 
 class ObjectMetaIn(TypedDict, total=False):
