@@ -207,15 +207,7 @@ def test_scheduling_rules_decide_the_same_with_the_memo(case: test_scheduling.Ca
             extra=[*case.extra, *kueue_setup(), local_queue(case.namespace, "default")],
             **settings,
         )
-        data = pod_review(
-            case.namespace,
-            base=case.base,
-            labels=case.labels,
-            annotations=case.annotations,
-            spec=case.spec,
-            owners=case.owners,
-        )
-        same_with_and_without_memo(data["request"], state.snapshot())
+        same_with_and_without_memo(case.as_review()["request"], state.snapshot())
 
 
 @pytest.mark.parametrize("case", test_pod_groups.CASES, ids=[c.id for c in test_pod_groups.CASES])

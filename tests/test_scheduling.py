@@ -71,6 +71,13 @@ class Case:
     warning: str | None = None
     check: Callable[[dict[str, Any]], None] | None = None
 
+    def as_review(self) -> dict[str, Any]:
+        """The case's pod as a CREATE review of its namespace."""
+        return pod_review(
+            self.namespace, base=self.base, labels=self.labels, annotations=self.annotations, spec=self.spec,
+            owners=self.owners,
+        )  # fmt: skip
+
 
 def _eq(path: tuple[Any, ...], expected: Any) -> Callable[[dict[str, Any]], None]:
     def check(pod: dict[str, Any]) -> None:
@@ -379,14 +386,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_scheduling_rules(case: Case) -> None:
     snap = snapshot(namespaces=NAMESPACES, extra=case.extra, **case.settings)
-    data = pod_review(
-        case.namespace,
-        base=case.base,
-        labels=case.labels,
-        annotations=case.annotations,
-        spec=case.spec,
-        owners=case.owners,
-    )
+    data = case.as_review()
     decision = mutate_pod(data["request"], snap)
     assert_decision(decision, allowed=case.allowed, message=case.message, warning=case.warning)
     if not case.allowed:
