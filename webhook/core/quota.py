@@ -214,19 +214,16 @@ def check_quota(
     deserved GPUs left. A refusal says "N of M deserved GPUs left; " and then `asks` (what the
     request asks for and what the user can do; a function of nothing, to write it only for a
     refusal)."""
-    project = (snapshot.runai_projects or {}).get(namespace)
-    if project is None:
+    quota = gpus_left(snapshot, namespace, now, exclude=exclude)
+    if quota is None:
         if (refused := runai_record_missing(snapshot, namespace)) is not None:
             return refused
         # Bound, and the last refresh found Run:ai unreachable: Run:ai enforces the quota when it schedules.
         return Decision.allow(warnings=["GPU quota not checked: Run:ai control plane unreachable"])
-    # `gpus_left(...).left`, without the record: the same two counts and the same formula.
-    in_use = max(runai_in_use(snapshot, namespace, project), gpus_in_use(snapshot, namespace, now, exclude=exclude))
-    deserved = project.deserved_gpus
-    left = deserved - in_use
+    left = quota.left
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(deserved)} deserved GPUs "
+            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
             "left; " + (asks if isinstance(asks, str) else asks()) + _unreadable_note(snapshot, namespace),
             code=403,
             reason=Reason.GPU_QUOTA_EXCEEDED,
