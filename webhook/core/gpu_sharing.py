@@ -33,6 +33,14 @@ from webhook.core.kinds import (
 
 MPS_ANNOTATION = "mps"
 FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
+# Every annotation `gpu_sharing_error` reads: a pod with none of them has nothing it can refuse.
+SHARING_ANNOTATIONS = (
+    GPU_FRACTION_ANNOTATION,
+    GPU_MEMORY_ANNOTATION,
+    GPU_FRACTION_DEVICES_ANNOTATION,
+    MPS_ANNOTATION,
+    FRACTION_CONTAINER_ANNOTATION,
+)
 # Both Go's strconv.ParseFloat and the Kubernetes quantity grammar accept these; nothing else is.
 _FRACTION_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _UINT_RE = re.compile(r"[0-9]+")
@@ -88,8 +96,7 @@ def gpu_sharing_error(pod: Mapping[str, Any]) -> str | None:
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     if not isinstance(annotations, Mapping):
         return None
-    keys = (GPU_FRACTION_ANNOTATION, GPU_MEMORY_ANNOTATION, GPU_FRACTION_DEVICES_ANNOTATION, MPS_ANNOTATION)
-    for key in (*keys, FRACTION_CONTAINER_ANNOTATION):
+    for key in SHARING_ANNOTATIONS:
         if key in annotations and not isinstance(annotations[key], str):
             return f"annotation {key} must be a string"
     fraction = annotations.get(GPU_FRACTION_ANNOTATION)

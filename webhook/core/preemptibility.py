@@ -141,6 +141,10 @@ def admitted_preemptibility(
     return runai_preemptibility(labels, priority_class, classes, settings)
 
 
+# Every annotation `escapes_pod_grouper` reads: a pod with none of them does not escape.
+POD_GROUPER_ANNOTATIONS = (SKIP_POD_GROUPER_ANNOTATION, POD_GROUP_ANNOTATION)
+
+
 def escapes_pod_grouper(meta: Mapping[str, Any]) -> str | None:
     """Why Run:ai would take this pod's preemptibility from somewhere the webhook does not write
     (None: it does not)."""

@@ -10,34 +10,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
-from webhook.core.gpu_sharing import FRACTION_CONTAINER_ANNOTATION, MPS_ANNOTATION, gpu_sharing_error
-from webhook.core.kinds import GPU_FRACTION_ANNOTATION, GPU_FRACTION_DEVICES_ANNOTATION, GPU_MEMORY_ANNOTATION
-from webhook.core.preemptibility import POD_GROUP_ANNOTATION, SKIP_POD_GROUPER_ANNOTATION, escapes_pod_grouper
+from webhook.core.gpu_sharing import SHARING_ANNOTATIONS, gpu_sharing_error
+from webhook.core.preemptibility import POD_GROUPER_ANNOTATIONS, escapes_pod_grouper
 
-# Every annotation either check below reads: a pod with none of them (nearly every pod) passes
-# both, so it is let through without walking its containers.
-_READ_ANNOTATIONS = frozenset(
-    {
-        GPU_FRACTION_ANNOTATION,
-        GPU_MEMORY_ANNOTATION,
-        GPU_FRACTION_DEVICES_ANNOTATION,
-        MPS_ANNOTATION,
-        FRACTION_CONTAINER_ANNOTATION,
-        POD_GROUP_ANNOTATION,
-        SKIP_POD_GROUPER_ANNOTATION,
-    }
-)
+# Every annotation either check below reads, each module naming its own: a pod with none of them
+# (nearly every pod) passes both, so it is let through without walking its containers.
+_READ_ANNOTATIONS = frozenset((*SHARING_ANNOTATIONS, *POD_GROUPER_ANNOTATIONS))
 
 
 def runai_pod_refusal(pod: Mapping[str, Any]) -> Decision | None:
     """A pod Run:ai's admission would refuse (its GPU-sharing grammar), or one that would escape
     the preemptibility the webhook gives it: refused with the reason, before anything counts it."""
     meta = pod.get("metadata")
-    annotations = meta.get("annotations") if type(meta) is dict else None
-    if type(meta) is dict and (
-        annotations is None or (type(annotations) is dict and annotations.keys().isdisjoint(_READ_ANNOTATIONS))
-    ):
-        return None
+    if type(meta) is dict:
+        annotations = meta.get("annotations")
+        if annotations is None or (type(annotations) is dict and annotations.keys().isdisjoint(_READ_ANNOTATIONS)):
+            return None
     reason = gpu_sharing_error(pod)
     if reason is not None:
         return Decision.deny(f"GPU request: {reason}", code=400, reason=Reason.INVALID)
