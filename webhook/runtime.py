@@ -29,7 +29,13 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from webhook.core.guard_config import GuardConfig, Identities
 from webhook.http.app import PROBE_MAX_CONNECTIONS, SERVER_KEY, cluster_mode_only_routes, create_app, create_probe_app
 from webhook.http.handlers import ClusterParts, admission_handlers
-from webhook.http.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
+from webhook.http.listener import (
+    DEFAULT_ANSWER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PIPELINED,
+    ConnectionLimits,
+    Listener,
+)
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
@@ -85,7 +91,9 @@ class ServeOptions:
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
             connection_limits=ConnectionLimits(
-                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS))
+                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS)),
+                answer_timeout_s=float(os.environ.get("WEBHOOK_ANSWER_TIMEOUT_SECONDS", DEFAULT_ANSWER_TIMEOUT_S)),
+                max_pipelined=int(os.environ.get("WEBHOOK_MAX_PIPELINED", DEFAULT_MAX_PIPELINED)),
             ),
             access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
         )
@@ -217,6 +225,9 @@ class Runtime:
         )  # fmt: skip
         await main.start()
         self._listeners.append(main)
+        # Unready while the admission port refuses newcomers: the Service then sends the
+        # apiserver to a replica that takes them (the probe port's /readyz says it too).
+        self.app[SERVER_KEY].readiness.append(main.no_room)
         log.info("serving on https://%s:%d", self.options.host, main.port)
         if self.options.probe_port is not None:
             self.probe_runner = web.AppRunner(

@@ -6,18 +6,29 @@ listener bounds each phase of a connection's life and how many there are:
 - the TLS handshake must finish within `handshake_timeout_s` (asyncio aborts it otherwise);
 - the head of each request (request line and headers) must arrive within `header_timeout_s` of
   its first byte, and the first request within that time of the handshake: a client that
-  connects and says nothing, or dribbles headers (slowloris), is closed;
+  connects and says nothing, or dribbles headers (slowloris), is closed. A head that begins in
+  the same read as the end of the request before it has the same deadline: see
+  `bytes_after_request`;
 - the body must be complete within `body_timeout_s` of the head: a client that announces
   megabytes and sends a byte a minute is closed;
+- each answer must be taken up within `answer_timeout_s` of when its writing began: by then this
+  process must hold none of the connection's outgoing bytes (what is left sits in the kernel's
+  send buffer, or the client has it). A client that asks and never reads is closed, instead of
+  holding its answers, the handler writing them and the requests queued behind them for good;
+- at most `max_pipelined` requests of a connection may wait for their answers (the one being
+  answered included): a client that sends more before reading is closed. The kube-apiserver's
+  Go client never pipelines; answers it would be owed cost memory until they are read;
 - an idle keep-alive connection is closed after `idle_timeout_s`. The kube-apiserver's webhook
   client is a Go http.Transport with Kubernetes' defaults (k8s.io/apimachinery utilnet
   SetTransportDefaults): it closes connections idle for 90 s itself. Closing later than that
   means the client always closes first, so a review is never sent on a connection the server is
   closing at that very moment (the apiserver would see a reset and fail the admission);
 - at most `max_connections` at once (handshakes in progress included). At the cap a new
-  connection makes room: the oldest connection that never completed a request is closed (then,
-  if none, the longest idle), never one with a request in flight (webhook.http.connections).
-  Only when every connection has a request in flight is the newcomer refused at accept.
+  connection makes room: the oldest connection that never completed a request or does not read
+  its answers is closed (then, if none, the longest idle), never one with a request in flight
+  (webhook.http.connections). Only when every connection has a request in flight is the
+  newcomer refused at accept; readiness then says so (`Listener.no_room`), and the log says
+  once when the refusing starts and once when it stops.
 
 Kubelet probes and the metrics scraper use a listener of their own (see Runtime), so a flood on
 the main port cannot make the pod look dead.
@@ -33,7 +44,9 @@ import asyncio
 import asyncio.sslproto
 import logging
 import math
+import socket
 import ssl
+import struct
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -50,11 +63,26 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_MAX_CONNECTIONS = 1024
+# The apiserver reads an answer (a few KiB) as it arrives; 10 s is its default webhook timeout.
+DEFAULT_ANSWER_TIMEOUT_S = 10.0
+# Requests of one connection waiting for their answers. The apiserver sends one at a time.
+DEFAULT_MAX_PIPELINED = 8
 # asyncio gives every TLS connection a receive buffer of SSLProtocol.max_size, 256 KiB, allocated
 # at accept and held for the connection's life: most of what an idle connection costs. Two TLS
 # records (16 KiB of payload each) per socket read are plenty; a 4 MiB review then takes more
 # reads of the socket, each as cheap. Set for the whole process (class attribute of the stdlib).
 TLS_READ_BUFFER_BYTES = 32 * 1024
+# asyncio lets 512 KiB of encrypted answers wait per TLS connection before it tells the writer to
+# wait (FLOW_CONTROL_HIGH_WATER_SSL_WRITE): a client that never reads makes the server hold that
+# much for it. An answer is a few KiB; past this much unsent, the writer waits for the client.
+TLS_WRITE_BUFFER_BYTES = 64 * 1024
+# The kernel's send buffer of an accepted socket. Left to Linux, it grows to tcp_wmem's maximum
+# (4 MiB by default) for a client that stops reading: kernel memory, charged to the pod, that this
+# process cannot see, and megabytes of answers counted as sent. Fixed at this size (the kernel
+# doubles it for its bookkeeping), what a client does not read stays in this process's buffers,
+# where `unsent_bytes` sees it. Answers are a few KiB; 64 KiB in flight fills any cluster network.
+SOCKET_SEND_BUFFER_BYTES = 64 * 1024
+LINGER_NONE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 # Why the server closed a connection (the reason label of webhook_connections_closed_total).
@@ -62,6 +90,10 @@ SHED = "shed"
 EVICTED = "evicted"
 HEADER_TIMEOUT = "header_timeout"
 BODY_TIMEOUT = "body_timeout"
+ANSWER_TIMEOUT = "answer_timeout"
+PIPELINE_LIMIT = "pipeline_limit"
+CLOSE_REASONS = (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT, ANSWER_TIMEOUT, PIPELINE_LIMIT)
+HEAD_END = b"\r\n\r\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,26 +105,81 @@ class ConnectionLimits:
     body_timeout_s: float = 10.0
     # Longer than the apiserver's 90 s idle timeout, so that the apiserver closes first.
     idle_timeout_s: float = 120.0
+    answer_timeout_s: float = DEFAULT_ANSWER_TIMEOUT_S
+    max_pipelined: int = DEFAULT_MAX_PIPELINED
     # About 45 kB each when idle (bench/idle_connections.py): 1,024 cost under 50 MB. The
     # apiservers keep a few idle connections each (Go keeps 25 per host at most with
     # Kubernetes' defaults; far fewer in practice), so the cap is never reached by them.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
+def body_length(message: Any) -> int | None:
+    """The body a parsed request head announces: its Content-Length, 0 for none, None when
+    chunked (or for the parser's error placeholder, which has no headers)."""
+    if getattr(message, "chunked", False):
+        return None
+    headers = getattr(message, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("Content-Length")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return None
+
+
+def bytes_after_request(segment: bytes, carry: bytes, body_left: int | None, heads: int, length: int | None) -> bool:
+    """Whether `segment`, the read in which a request became complete, holds bytes after it: the
+    start of another head, whose deadline then runs from this read (aiohttp's C parser keeps a
+    partial head to itself, so this is worked out from the bytes).
+
+    `carry`: the last bytes of the read before (a head's blank line can straddle two reads);
+    `body_left`: what a body in progress before this read still lacked (0: none; None: chunked);
+    `heads`: the request heads this read completed; `length`: the body of the last of them
+    (`body_length`). Requests end in a blank line (a head, or a chunked body's last chunk and
+    trailers) or after exactly Content-Length bytes; line ends are CRLF, which the parser
+    requires of requests. When this cannot tell (several requests with Content-Length bodies in
+    one read, after a chunked body), the answer is True: the head deadline then closes the
+    connection if nothing follows, which only a client that pipelines may meet."""
+    if heads == 0:  # the read ended a body begun earlier
+        if body_left is None:
+            return not (carry + segment).endswith(HEAD_END)
+        return len(segment) > body_left
+    if length is None or length == 0:  # the last request ends with a blank line
+        return not (carry + segment).endswith(HEAD_END)
+    if heads > 1 or body_left is None:
+        return True
+    if body_left == 0:
+        window, skip = carry + segment, len(carry)
+    else:  # the end of the earlier body comes first
+        window, skip = segment[body_left:], -body_left
+    blank = window.find(HEAD_END)
+    if blank < 0:
+        return True
+    return len(segment) - (blank + len(HEAD_END) - skip) > length
+
+
 class BoundedRequestHandler(RequestHandler):
-    """aiohttp's handler plus the head and body deadlines, and no echo of malformed request heads.
+    """aiohttp's handler plus the head, body and answer deadlines, the pipelining bound, and no
+    echo of malformed request heads.
 
     One timer per connection: it ticks at most every `header_timeout_s` and compares the clock
-    with `_deadline`, which a request's phases only overwrite (a float, no timer armed per
-    request)."""
+    with `_deadline` (the head or body in progress) and `_answer_by` (the oldest answer not yet
+    taken up), which a request's phases only overwrite (floats, no timer armed per request)."""
 
     __slots__ = (
+        "_answer_by",
+        "_answer_timeout_s",
+        "_answering",
         "_body",
+        "_body_length",
         "_body_timeout_s",
+        "_carry",
         "_deadline",
         "_deadline_reason",
         "_header_timeout_s",
         "_listener",
+        "_max_pipelined",
         "_since",
         "_socket",
         "_tick_s",
@@ -104,15 +191,24 @@ class BoundedRequestHandler(RequestHandler):
         super().__init__(server, **kwargs)
         self._listener = listener
         self._request_handler = listener.request_handler  # type: ignore[assignment]  # it takes the app's Request
-        self._header_timeout_s = listener.limits.header_timeout_s
-        self._body_timeout_s = listener.limits.body_timeout_s
+        limits = listener.limits
+        self._header_timeout_s = limits.header_timeout_s
+        self._body_timeout_s = limits.body_timeout_s
+        self._answer_timeout_s = limits.answer_timeout_s
+        self._max_pipelined = limits.max_pipelined
         self._tick_s = max(self._header_timeout_s, self._body_timeout_s)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._deadline = math.inf
         self._deadline_reason = HEADER_TIMEOUT
-        # The payload of the request whose body is still arriving, if any.
+        self._answer_by = math.inf
+        self._answering = False
+        # The payload of the request whose body is still arriving, if any, and its length
+        # (None: chunked).
         self._body: Any = None
+        self._body_length: int | None = 0
+        # The last bytes read, for a head's blank line split between two reads.
+        self._carry = b""
         # When the connection was accepted, then when its latest request began (its first byte).
         self._since = self._loop.time()
         # The socket's own transport (below TLS): closing it drops the connection at once,
@@ -123,6 +219,9 @@ class BoundedRequestHandler(RequestHandler):
         # After the TLS handshake: from here the first request's head has its deadline.
         if self._socket is None:
             self._socket = transport
+            bound_send_buffer(transport)
+        elif isinstance(transport, asyncio.WriteTransport):  # TLS over the socket
+            transport.set_write_buffer_limits(high=TLS_WRITE_BUFFER_BYTES)
         super().connection_made(transport)
         self._set_deadline(self._loop.time() + self._header_timeout_s, HEADER_TIMEOUT)
 
@@ -136,29 +235,82 @@ class BoundedRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         count = self._request_count
+        body = self._body
+        body_left: int | None = 0
+        if body is not None:
+            body_left = None if self._body_length is None else self._body_length - body.total_raw_bytes
         super().data_received(data)
-        if self._request_count != count:  # a head is complete
-            payload = self._messages[-1][1] if self._messages else None
+        carry, self._carry = self._carry, (self._carry + data)[-(len(HEAD_END) - 1) :]
+        if len(self._messages) + self._request_in_progress > self._max_pipelined:
+            self._close_now(PIPELINE_LIMIT)
+            return
+        heads = self._request_count - count
+        if heads:
+            message, payload = self._messages[-1] if self._messages else (None, None)
             if payload is not None and not payload.is_eof():
                 self._body = payload
+                self._body_length = body_length(message)
                 self._set_deadline(self._loop.time() + self._body_timeout_s, BODY_TIMEOUT)
-            else:
+                return
+            self._body = None
+            self._request_ended(data, carry, body_left, heads, body_length(message))
+        elif body is not None:
+            if body.is_eof():
                 self._body = None
-                self._deadline = math.inf
-        elif self._body is not None:
-            if self._body.is_eof():
-                self._body = None
-                self._deadline = math.inf
+                self._request_ended(data, carry, body_left, 0, 0)
         elif self._deadline == math.inf and data:  # the first bytes of the next request
-            now = self._loop.time()
-            self._since = now
-            self._set_deadline(now + self._header_timeout_s, HEADER_TIMEOUT)
+            self._next_head(self._loop.time())
+
+    def _request_ended(self, data: bytes, carry: bytes, body_left: int | None, heads: int, length: int | None) -> None:
+        """A request is complete; the read that completed it may have begun the next one."""
+        if bytes_after_request(data, carry, body_left, heads, length):
+            self._next_head(self._loop.time())
+        else:
+            self._deadline = math.inf
+
+    def _next_head(self, now: float) -> None:
+        self._since = now
+        self._set_deadline(now + self._header_timeout_s, HEADER_TIMEOUT)
 
     def _set_deadline(self, at: float, reason: str) -> None:
         self._deadline = at
         self._deadline_reason = reason
         if at < self._timer_at:  # rare: the timer would tick too late for this deadline
             self._arm(at)
+
+    def _expect_answer_taken(self) -> None:
+        """An answer is being written: unless an older one is still due, it is due within
+        `answer_timeout_s`."""
+        if self._answer_by == math.inf:
+            self._answer_by = self._loop.time() + self._answer_timeout_s
+            if self._answer_by < self._timer_at:
+                self._arm(self._answer_by)
+
+    async def finish_response(
+        self, request: Any, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        self._answering = True
+        self._expect_answer_taken()
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._answering = False
+
+    def pause_writing(self) -> None:
+        # Writes outside an answer (a "100 Continue") are held to the same deadline.
+        super().pause_writing()
+        self._expect_answer_taken()
+
+    def unsent_bytes(self) -> int:
+        """Answer bytes this process still holds for the client: nonzero once the kernel's send
+        buffer is full, that is once the client has stopped reading (or reads slower than it asks)."""
+        unsent = 0
+        if self._socket is not None and isinstance(self._socket, asyncio.WriteTransport):
+            unsent += self._socket.get_write_buffer_size()
+        transport = self.transport
+        if transport is not None and transport is not self._socket and isinstance(transport, asyncio.WriteTransport):
+            unsent += transport.get_write_buffer_size()
+        return unsent
 
     def _arm(self, at: float) -> None:
         if self._timer is not None:
@@ -172,19 +324,35 @@ class BoundedRequestHandler(RequestHandler):
         if self._force_close:
             return
         now = self._loop.time()
+        if now >= self._answer_by:
+            if self._paused or self.unsent_bytes():
+                self._close_now(ANSWER_TIMEOUT)
+                return
+            # Taken up; an answer being written now (its bytes already gone) is due afresh.
+            self._answer_by = now + self._answer_timeout_s if self._answering else math.inf
         if now < self._deadline:
-            self._arm(min(self._deadline, now + self._tick_s))
+            self._arm(min(self._deadline, self._answer_by, now + self._tick_s))
             return
         if self._deadline_reason == HEADER_TIMEOUT and (self._messages or self._request_in_progress):
             # A pipelined head behind a request still being answered: its clock starts later.
             self._set_deadline(now + self._header_timeout_s, HEADER_TIMEOUT)
+            if self._answer_by < self._timer_at:
+                self._arm(self._answer_by)
             return
-        self._listener._closed(self._deadline_reason)
+        self._close_now(self._deadline_reason)
+
+    def _close_now(self, reason: str) -> None:
+        self._listener._closed(reason)
         self.abort()
 
     def abort(self) -> None:
         """Close the connection now (no TLS goodbye): a deadline passed, or the cap needs room."""
         if self._socket is not None:
+            # A reset, not a FIN: the kernel drops the unsent answers at once instead of holding
+            # them, and the closed socket, for a client that may never read again.
+            sock = self._socket.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_NONE)
             self._socket.abort()  # type: ignore[attr-defined]
         elif self.transport is not None:
             self.transport.abort()
@@ -193,8 +361,8 @@ class BoundedRequestHandler(RequestHandler):
         """How soon to close this one to make room (see webhook.http.connections)."""
         if self._socket is None:
             return None  # accepted this very moment, not yet attached to its socket
-        if self._force_close or self._close:
-            return (NEVER_SERVED, self._since)
+        if self._force_close or self._close or self._paused or self.unsent_bytes():
+            return (NEVER_SERVED, self._since)  # closing, or not reading its answers
         busy = self._request_in_progress or bool(self._messages)
         if busy and self._body is None:
             return None  # a request in flight
@@ -226,6 +394,12 @@ class BoundedRequestHandler(RequestHandler):
         return response
 
 
+def bound_send_buffer(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
+
+
 class TlsConnection(asyncio.sslproto.SSLProtocol):
     """asyncio's own TLS protocol, made by the listener instead of by asyncio, so that the
     listener holds a connection from accept on and can close it during its handshake too."""
@@ -243,6 +417,7 @@ class TlsConnection(asyncio.sslproto.SSLProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._handler._socket = transport
+        bound_send_buffer(transport)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -282,16 +457,19 @@ class Listener:
             served_batch=max(1, limits.max_connections // 64)
         )
         self.accepted = 0  # TCP connections accepted, shed ones included
+        self._shedding = False  # since a newcomer was refused, until one is accepted again
         # The admission routes without the router, the rest through it (webhook.http.app).
         self.request_handler = request_handler(runner.app)
         self._gauge = CONNECTIONS_OPEN.labels(name)
-        self._closed_counters = {
-            reason: CONNECTIONS_CLOSED.labels(name, reason) for reason in (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT)
-        }
+        self._closed_counters = {reason: CONNECTIONS_CLOSED.labels(name, reason) for reason in CLOSE_REASONS}
 
     @property
     def open_connections(self) -> int:
         return len(self._table)
+
+    def connections(self) -> list[BoundedRequestHandler]:
+        """The open connections, oldest accepted first."""
+        return list(self._table)
 
     async def start(self) -> None:
         asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
@@ -308,16 +486,32 @@ class Listener:
             self.server.close()
             self.server = None
 
+    def no_room(self) -> str | None:
+        """A readiness check: None while a new connection would be accepted (there is room, or a
+        connection to close for it), else why not."""
+        if self._table.has_room(self.limits.max_connections):
+            return None
+        return f"connections: all {self.limits.max_connections} on the {self.name} port have a request in flight"
+
     def _accept(self) -> asyncio.BaseProtocol:
         self.accepted += 1
         if len(self._table) >= self.limits.max_connections:
             victims = self._table.make_room()
             if not victims:  # every connection has a request in flight: real load, shed it
                 self._closed(SHED)
+                if not self._shedding:
+                    self._shedding = True
+                    log.warning(
+                        "%s listener: all %d connections have a request in flight; refusing new ones until one ends",
+                        self.name, self.limits.max_connections,
+                    )  # fmt: skip
                 raise Shed(f"{self.name} listener: {self.limits.max_connections} connections busy")
             for victim in victims:
                 self._closed(EVICTED)
                 victim.abort()
+        if self._shedding:
+            self._shedding = False
+            log.info("%s listener: accepting new connections again", self.name)
         server = self.runner.server
         assert server is not None, "the runner is set up before the listener starts"
         # The same arguments aiohttp's own Server.__call__ gives its handlers.
