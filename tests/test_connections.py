@@ -642,6 +642,8 @@ CR_LF = b"\r\n"
         (b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HT", b"", 0, 1, 0, True),
         (b"\n", b"a\r\n\r", 0, 1, 0, False),  # the blank line split between two reads
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"", 0, 1, 2, False),
+        (b"\n{}", b"1\r\n\r", 0, 1, 2, False),  # a head's blank line split, then its body
+        (b"\n{}G", b"1\r\n\r", 0, 1, 2, True),
         (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}G", b"", 0, 1, 2, True),
         (b"POST / HTTP/1.1\r\nContent-Length: 6\r\n\r\n{\r\n\r\n}", b"", 0, 1, 6, False),
         (b"}", b"", 1, 0, 0, False),  # the rest of a body begun earlier

@@ -143,20 +143,30 @@ def bytes_after_request(segment: bytes, carry: bytes, body_left: int | None, hea
     connection if nothing follows, which only a client that pipelines may meet."""
     if heads == 0:  # the read ended a body begun earlier
         if body_left is None:
-            return not (carry + segment).endswith(HEAD_END)
+            return not _ends_with_blank_line(carry, segment)
         return len(segment) > body_left
     if length is None or length == 0:  # the last request ends with a blank line
-        return not (carry + segment).endswith(HEAD_END)
+        return not _ends_with_blank_line(carry, segment)
     if heads > 1 or body_left is None:
         return True
-    if body_left == 0:
-        window, skip = carry + segment, len(carry)
+    if body_left == 0:  # the head may have begun in the read before
+        straddling = (carry + segment[: len(HEAD_END) - 1]).find(HEAD_END)
+        head_end = straddling + len(HEAD_END) - len(carry) if straddling >= 0 else -1
     else:  # the end of the earlier body comes first
-        window, skip = segment[body_left:], -body_left
-    blank = window.find(HEAD_END)
-    if blank < 0:
-        return True
-    return len(segment) - (blank + len(HEAD_END) - skip) > length
+        head_end = -1
+    if head_end < 0:
+        blank = segment.find(HEAD_END, body_left)
+        if blank < 0:
+            return True
+        head_end = blank + len(HEAD_END)
+    return len(segment) - head_end > length
+
+
+def _ends_with_blank_line(carry: bytes, segment: bytes) -> bool:
+    # Without copying the segment (a read is up to TLS_READ_BUFFER_BYTES).
+    if len(segment) >= len(HEAD_END):
+        return segment.endswith(HEAD_END)
+    return (carry + segment).endswith(HEAD_END)
 
 
 class BoundedRequestHandler(RequestHandler):
@@ -240,7 +250,8 @@ class BoundedRequestHandler(RequestHandler):
         if body is not None:
             body_left = None if self._body_length is None else self._body_length - body.total_raw_bytes
         super().data_received(data)
-        carry, self._carry = self._carry, (self._carry + data)[-(len(HEAD_END) - 1) :]
+        carry = self._carry
+        self._carry = data[1 - len(HEAD_END) :] if len(data) >= len(HEAD_END) else (carry + data)[1 - len(HEAD_END) :]
         if len(self._messages) + self._request_in_progress > self._max_pipelined:
             self._close_now(PIPELINE_LIMIT)
             return
