@@ -566,7 +566,7 @@ async def read_answers(reader: asyncio.StreamReader, seconds: float) -> tuple[li
 
 async def test_a_client_pipelining_past_the_bound_is_closed(https_server: StartHttpsServer) -> None:
     # Issue 29.1: a connection could queue hundreds of requests, each owed an answer.
-    limits = replace(SHORT, idle_timeout_s=30, max_pipelined=4)
+    limits = replace(SHORT, idle_timeout_s=30, answer_timeout_s=0.5, max_pipelined=4)
     srv = await https_server(ready_app(), limits=limits)
     before = closed_total("pipeline_limit")
     reader, writer = await connect(srv.port, srv.client_ssl_context())
@@ -574,8 +574,9 @@ async def test_a_client_pipelining_past_the_bound_is_closed(https_server: StartH
     statuses, closed = await read_answers(reader, 1.0)
     assert statuses == [200] * 4 and not closed
     writer.write(GET_READYZ * 40)
+    # Past the bound only the request already in hand is answered; then the connection is reset.
     statuses, closed = await read_answers(reader, 10.0)
-    assert closed and len(statuses) < 40
+    assert closed and len(statuses) <= 1
     assert closed_total("pipeline_limit") == before + 1
     writer.close()
 

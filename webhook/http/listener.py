@@ -16,8 +16,9 @@ listener bounds each phase of a connection's life and how many there are:
   send buffer, or the client has it). A client that asks and never reads is closed, instead of
   holding its answers, the handler writing them and the requests queued behind them for good;
 - at most `max_pipelined` requests of a connection may wait for their answers (the one being
-  answered included): a client that sends more before reading is closed. The kube-apiserver's
-  Go client never pipelines; answers it would be owed cost memory until they are read;
+  answered included): past that, nothing more of the connection is read or answered, and it is
+  reset when the answer deadline passes. The kube-apiserver's Go client never pipelines; answers
+  a client would be owed cost memory and CPU until they are read;
 - an idle keep-alive connection is closed after `idle_timeout_s`. The kube-apiserver's webhook
   client is a Go http.Transport with Kubernetes' defaults (k8s.io/apimachinery utilnet
   SetTransportDefaults): it closes connections idle for 90 s itself. Closing later than that
@@ -66,7 +67,7 @@ DEFAULT_MAX_CONNECTIONS = 1024
 # The apiserver reads an answer (a few KiB) as it arrives; 10 s is its default webhook timeout.
 DEFAULT_ANSWER_TIMEOUT_S = 10.0
 # Requests of one connection waiting for their answers. The apiserver sends one at a time.
-DEFAULT_MAX_PIPELINED = 8
+DEFAULT_MAX_PIPELINED = 4
 # asyncio gives every TLS connection a receive buffer of SSLProtocol.max_size, 256 KiB, allocated
 # at accept and held for the connection's life: most of what an idle connection costs. Two TLS
 # records (16 KiB of payload each) per socket read are plenty; a 4 MiB review then takes more
@@ -252,8 +253,8 @@ class BoundedRequestHandler(RequestHandler):
         super().data_received(data)
         carry = self._carry
         self._carry = data[1 - len(HEAD_END) :] if len(data) >= len(HEAD_END) else (carry + data)[1 - len(HEAD_END) :]
-        if len(self._messages) + self._request_in_progress > self._max_pipelined:
-            self._close_now(PIPELINE_LIMIT)
+        if len(self._messages) + self._request_in_progress > self._max_pipelined and not self._force_close:
+            self._stop_reading()
             return
         heads = self._request_count - count
         if heads:
@@ -271,6 +272,16 @@ class BoundedRequestHandler(RequestHandler):
                 self._request_ended(data, carry, body_left, 0, 0)
         elif self._deadline == math.inf and data:  # the first bytes of the next request
             self._next_head(self._loop.time())
+
+    def _stop_reading(self) -> None:
+        """Past the pipelining bound: nothing more of this connection is read or answered (but
+        the request already in the handler), and it is reset when the answer deadline passes.
+        Reset at once, it would be dialled again at once, a TLS handshake for each: held, it
+        costs its client the deadline and this process a parsed queue, evictable at the cap."""
+        self._force_close = True  # aiohttp's loop ends after the request in hand; reads are ignored
+        if self._socket is not None:
+            self._socket.pause_reading()  # type: ignore[attr-defined]
+        self._set_deadline(self._loop.time() + self._answer_timeout_s, PIPELINE_LIMIT)
 
     def _request_ended(self, data: bytes, carry: bytes, body_left: int | None, heads: int, length: int | None) -> None:
         """A request is complete; the read that completed it may have begun the next one."""
@@ -332,8 +343,8 @@ class BoundedRequestHandler(RequestHandler):
     def _tick(self) -> None:
         self._timer = None
         self._timer_at = math.inf
-        if self._force_close:
-            return
+        if self._force_close and self._deadline_reason != PIPELINE_LIMIT:
+            return  # closing already
         now = self._loop.time()
         if now >= self._answer_by:
             if self._paused or self.unsent_bytes():
