@@ -458,8 +458,9 @@ async def test_a_route_that_raises_logs_an_escaped_path(
 BIG_ANSWER_BYTES = 512 * 1024  # far above what the kernel's buffers take for a client that never reads
 
 
-async def big_answer(_: web.Request) -> web.Response:
-    return web.Response(body=b"x" * BIG_ANSWER_BYTES, content_type="application/octet-stream")
+async def big_answer(request: web.Request) -> web.Response:
+    size = int(request.query.get("bytes", BIG_ANSWER_BYTES))
+    return web.Response(body=b"x" * size, content_type="application/octet-stream")
 
 
 def big_answer_app() -> web.Application:
@@ -491,8 +492,15 @@ def closed_total(reason: str) -> float:
     return REGISTRY.get_sample_value("webhook_connections_closed_total", {"listener": "test", "reason": reason}) or 0.0
 
 
+@pytest.mark.parametrize(
+    "size",
+    [
+        BIG_ANSWER_BYTES,  # most of it held in this process: the handler waits in drain()
+        40 * 1024,  # all of it in the kernel's send queue, which the client never acknowledges
+    ],
+)
 async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_deadline(
-    https_server: StartHttpsServer,
+    https_server: StartHttpsServer, size: int
 ) -> None:
     # Issue 29.1: writing an answer had no deadline, so a client that never read held its
     # connection, the handler in drain() and the answer's memory for good.
@@ -502,7 +510,7 @@ async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_dead
     srv = await https_server(big_answer_app(), limits=limits)
     before = closed_total("answer_timeout")
     sock, writer = await unread_connection(srv.port, srv.client_ssl_context())
-    writer.write(GET_BIG)
+    writer.write(f"GET /big?bytes={size} HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode())
     await wait_until(lambda: not established(sock), within=20, what="the server to close the connection")
     assert closed_total("answer_timeout") == before + 1
     assert srv.listener.open_connections == 0

@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+import fcntl
 import logging
 import math
 import socket
 import ssl
 import struct
+import termios
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -78,11 +80,15 @@ TLS_READ_BUFFER_BYTES = 32 * 1024
 # much for it. An answer is a few KiB; past this much unsent, the writer waits for the client.
 TLS_WRITE_BUFFER_BYTES = 64 * 1024
 # The kernel's send buffer of an accepted socket. Left to Linux, it grows to tcp_wmem's maximum
-# (4 MiB by default) for a client that stops reading: kernel memory, charged to the pod, that this
-# process cannot see, and megabytes of answers counted as sent. Fixed at this size (the kernel
-# doubles it for its bookkeeping), what a client does not read stays in this process's buffers,
-# where `unsent_bytes` sees it. Answers are a few KiB; 64 KiB in flight fills any cluster network.
+# (4 MiB by default) for a client that stops reading: kernel memory, charged to the pod, held for
+# a client that may never read it. Fixed at this size (the kernel doubles it for its bookkeeping).
+# Answers are a few KiB; 64 KiB in flight fills any cluster network.
 SOCKET_SEND_BUFFER_BYTES = 64 * 1024
+# Longer than a delayed ACK (at most 200 ms on Linux): an answer this old and still not
+# acknowledged was not read.
+NOT_READING_AFTER_S = 1.0
+# The ioctl that reads a TCP socket's unacknowledged send queue (Linux; termios names it TIOCOUTQ).
+SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
 LINGER_NONE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
@@ -189,9 +195,11 @@ class BoundedRequestHandler(RequestHandler):
         "_deadline",
         "_deadline_reason",
         "_header_timeout_s",
+        "_latest_write",
         "_listener",
         "_max_pipelined",
         "_since",
+        "_sock",
         "_socket",
         "_tick_s",
         "_timer",
@@ -214,6 +222,8 @@ class BoundedRequestHandler(RequestHandler):
         self._deadline_reason = HEADER_TIMEOUT
         self._answer_by = math.inf
         self._answering = False
+        # When an answer (or the TLS handshake's last message) was last written.
+        self._latest_write = self._loop.time()
         # The payload of the request whose body is still arriving, if any, and its length
         # (None: chunked).
         self._body: Any = None
@@ -225,16 +235,18 @@ class BoundedRequestHandler(RequestHandler):
         # The socket's own transport (below TLS): closing it drops the connection at once,
         # without waiting on a TLS close_notify from a client that may never answer.
         self._socket: asyncio.BaseTransport | None = None
+        self._sock: Any = None  # its socket (asyncio's TransportSocket), for SIOCOUTQ
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # After the TLS handshake: from here the first request's head has its deadline.
         if self._socket is None:
             self._socket = transport
-            bound_send_buffer(transport)
+            self._sock = bound_send_buffer(transport)
         elif isinstance(transport, asyncio.WriteTransport):  # TLS over the socket
             transport.set_write_buffer_limits(high=TLS_WRITE_BUFFER_BYTES)
         super().connection_made(transport)
-        self._set_deadline(self._loop.time() + self._header_timeout_s, HEADER_TIMEOUT)
+        self._latest_write = self._loop.time()  # TLS 1.3 sends its session tickets now
+        self._set_deadline(self._latest_write + self._header_timeout_s, HEADER_TIMEOUT)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._timer is not None:
@@ -245,6 +257,8 @@ class BoundedRequestHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._force_close:  # closing, or past the pipelining bound: aiohttp ignores the bytes too
+            return
         count = self._request_count
         body = self._body
         body_left: int | None = 0
@@ -253,7 +267,7 @@ class BoundedRequestHandler(RequestHandler):
         super().data_received(data)
         carry = self._carry
         self._carry = data[1 - len(HEAD_END) :] if len(data) >= len(HEAD_END) else (carry + data)[1 - len(HEAD_END) :]
-        if len(self._messages) + self._request_in_progress > self._max_pipelined and not self._force_close:
+        if len(self._messages) + self._request_in_progress > self._max_pipelined:
             self._stop_reading()
             return
         heads = self._request_count - count
@@ -303,8 +317,9 @@ class BoundedRequestHandler(RequestHandler):
     def _expect_answer_taken(self) -> None:
         """An answer is being written: unless an older one is still due, it is due within
         `answer_timeout_s`."""
+        self._latest_write = self._loop.time()
         if self._answer_by == math.inf:
-            self._answer_by = self._loop.time() + self._answer_timeout_s
+            self._answer_by = self._latest_write + self._answer_timeout_s
             if self._answer_by < self._timer_at:
                 self._arm(self._answer_by)
 
@@ -324,8 +339,21 @@ class BoundedRequestHandler(RequestHandler):
         self._expect_answer_taken()
 
     def unsent_bytes(self) -> int:
-        """Answer bytes this process still holds for the client: nonzero once the kernel's send
-        buffer is full, that is once the client has stopped reading (or reads slower than it asks)."""
+        """Answer bytes the client has not taken: in the kernel's send queue, unacknowledged
+        (SIOCOUTQ; a reader acknowledges within a round trip, or a delayed ACK's 40-200 ms), or
+        still in this process's buffers once that queue is full."""
+        return unacknowledged_bytes(self._sock) + self.buffered_bytes()
+
+    def not_reading(self, now: float) -> bool:
+        """Whether the client has stopped reading its answers: this process holds some of them
+        (the kernel's queue is full), or what was written `NOT_READING_AFTER_S` ago or more is
+        still unacknowledged."""
+        if self._paused or self.buffered_bytes():
+            return True
+        return now - self._latest_write >= NOT_READING_AFTER_S and unacknowledged_bytes(self._sock) > 0
+
+    def buffered_bytes(self) -> int:
+        """Answer bytes still in this process's buffers (the TLS layer's and the socket's)."""
         unsent = 0
         if self._socket is not None and isinstance(self._socket, asyncio.WriteTransport):
             unsent += self._socket.get_write_buffer_size()
@@ -347,11 +375,15 @@ class BoundedRequestHandler(RequestHandler):
             return  # closing already
         now = self._loop.time()
         if now >= self._answer_by:
-            if self._paused or self.unsent_bytes():
+            if self.not_reading(now):
                 self._close_now(ANSWER_TIMEOUT)
                 return
-            # Taken up; an answer being written now (its bytes already gone) is due afresh.
-            self._answer_by = now + self._answer_timeout_s if self._answering else math.inf
+            if self._answering:  # its bytes gone already: the answer being written is due afresh
+                self._answer_by = now + self._answer_timeout_s
+            elif unacknowledged_bytes(self._sock):  # written this very moment: look again soon
+                self._answer_by = self._latest_write + NOT_READING_AFTER_S
+            else:
+                self._answer_by = math.inf
         if now < self._deadline:
             self._arm(min(self._deadline, self._answer_by, now + self._tick_s))
             return
@@ -383,7 +415,7 @@ class BoundedRequestHandler(RequestHandler):
         """How soon to close this one to make room (see webhook.http.connections)."""
         if self._socket is None:
             return None  # accepted this very moment, not yet attached to its socket
-        if self._force_close or self._close or self._paused or self.unsent_bytes():
+        if self._force_close or self._close or self.not_reading(self._loop.time()):
             return (NEVER_SERVED, self._since)  # closing, or not reading its answers
         busy = self._request_in_progress or bool(self._messages)
         if busy and self._body is None:
@@ -416,10 +448,25 @@ class BoundedRequestHandler(RequestHandler):
         return response
 
 
-def bound_send_buffer(transport: asyncio.BaseTransport) -> None:
+def bound_send_buffer(transport: asyncio.BaseTransport) -> Any:
+    """Fix the socket's send buffer (SOCKET_SEND_BUFFER_BYTES); the socket, or None if not TCP."""
     sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
+    return sock
+
+
+def unacknowledged_bytes(sock: Any) -> int:
+    """Bytes in a TCP socket's send queue that the peer has not acknowledged (Linux SIOCOUTQ);
+    0 where that cannot be read."""
+    if sock is None or SIOCOUTQ is None:
+        return 0
+    try:
+        queued: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), SIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
+    return queued
 
 
 class TlsConnection(asyncio.sslproto.SSLProtocol):
@@ -439,7 +486,7 @@ class TlsConnection(asyncio.sslproto.SSLProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._handler._socket = transport
-        bound_send_buffer(transport)
+        self._handler._sock = bound_send_buffer(transport)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
