@@ -5,8 +5,8 @@ accept order. At the cap the listener asks `make_room()` for victims rather than
 newcomer, and closes them:
 
 1. first, connections that never completed a request (handshaking, silent, dribbling a head or a
-   body), that are closing already, or whose client is not reading its answers (this process
-   holds answer bytes the kernel could not send): the oldest accepted first;
+   body), that are closing already, or whose client is not reading its answers (answer bytes
+   left unacknowledged: `not_reading` in webhook.http.listener): the oldest accepted first;
 2. only when there are none, connections that completed a request and are now idle or receiving
    the next one, longest since their last request began first (a batch of them, as finding them
    means reading the whole table);

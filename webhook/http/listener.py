@@ -11,9 +11,9 @@ listener bounds each phase of a connection's life and how many there are:
   `bytes_after_request`;
 - the body must be complete within `body_timeout_s` of the head: a client that announces
   megabytes and sends a byte a minute is closed;
-- each answer must be taken up within `answer_timeout_s` of when its writing began: by then this
-  process must hold none of the connection's outgoing bytes (what is left sits in the kernel's
-  send buffer, or the client has it). A client that asks and never reads is closed, instead of
+- each answer must be taken up within `answer_timeout_s` of when its writing began: by then
+  neither this process nor the kernel's send queue may hold any of the connection's outgoing
+  bytes unacknowledged (`not_reading`). A client that asks and never reads is reset, instead of
   holding its answers, the handler writing them and the requests queued behind them for good;
 - at most `max_pipelined` requests of a connection may wait for their answers (the one being
   answered included): past that, nothing more of the connection is read or answered, and it is
