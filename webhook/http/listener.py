@@ -58,7 +58,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from webhook.http.app import request_handler
+from webhook.http.app import NO_STORE, NOSNIFF, request_handler
 from webhook.http.connections import NEVER_SERVED, SERVED, ConnectionTable
 from webhook.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
 
@@ -293,9 +293,22 @@ class BoundedRequestHandler(RequestHandler):
         Reset at once, it would be dialled again at once, a TLS handshake for each: held, it
         costs its client the deadline and this process a parsed queue, evictable at the cap."""
         self._force_close = True  # aiohttp's loop ends after the request in hand; reads are ignored
+        if not self._request_in_progress:
+            # The request aiohttp takes next (the first of the queue) gets a 429, not its answer:
+            # a client that sends this many before reading is answered nothing costly.
+            self._request_handler = self._past_pipelining_bound
         if self._socket is not None:
             self._socket.pause_reading()  # type: ignore[attr-defined]
         self._set_deadline(self._loop.time() + self._answer_timeout_s, PIPELINE_LIMIT)
+
+    async def _past_pipelining_bound(self, _: web.BaseRequest) -> web.StreamResponse:
+        response = web.json_response(
+            {"error": f"more than {self._max_pipelined} requests sent ahead of their answers"},
+            status=429,
+            headers=dict([NOSNIFF, NO_STORE]),
+        )
+        response.force_close()
+        return response
 
     def _request_ended(self, data: bytes, carry: bytes, body_left: int | None, heads: int, length: int | None) -> None:
         """A request is complete; the read that completed it may have begun the next one."""
