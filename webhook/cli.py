@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         "also $SCHEDULING_WEBHOOK_INSTALLERS, comma-separated)",
     )
     serve.add_argument(
+        "--pod-grouper",
+        action="append",
+        default=[],
+        help="identity of KAI's pod grouper, which may set a pod's pod-group-name annotation: a username, or "
+        "group:NAME (repeatable; also $SCHEDULING_WEBHOOK_POD_GROUPERS, comma-separated)",
+    )
+    serve.add_argument(
         "--service-account",
         default="scheduling-webhook",
         help="this server's own ServiceAccount name, also $SERVICE_ACCOUNT_NAME (its namespace edits are its own)",

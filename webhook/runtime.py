@@ -57,6 +57,7 @@ class ServeOptions:
     # The console's session keys (webhook.console.keys); None: a key of this process only.
     console_keys: Path | None = None
     installers: tuple[str, ...] = ()
+    pod_groupers: tuple[str, ...] = ()  # who may set a pod's pod-group-name (KAI's pod grouper)
     service_account: str = "scheduling-webhook"
     lease_name: str = "scheduling-webhook-leader"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
@@ -81,6 +82,8 @@ class ServeOptions:
             console_keys=Path(args.console_keys) if args.console_keys else None,
             installers=tuple(args.installer)
             + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
+            pod_groupers=tuple(args.pod_grouper)
+            + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_POD_GROUPERS", "").split(",") if i.strip()),
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
@@ -96,6 +99,7 @@ class ServeOptions:
             install_namespace=self.namespace,
             installers=Identities.parse(self.installers),
             own=Identities.parse([own]),
+            pod_groupers=Identities.parse(self.pod_groupers),
         )
 
 
