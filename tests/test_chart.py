@@ -43,7 +43,14 @@ LATER_MUTATORS = (
     "runai-node-affinity",
     "runai-admission-controller",
 )
-SERVER_PATHS = {"/mutate/pods", "/mutate/workloads", "/validate/pods", "/validate/workloads", "/validate/settings"}
+SERVER_PATHS = {
+    "/mutate/pods",
+    "/mutate/workloads",
+    "/validate/pods",
+    "/validate/workloads",
+    "/validate/settings",
+    "/validate/pod-updates",
+}
 CLUSTER_SCOPED = (
     "Namespace",
     "ValidatingAdmissionPolicy",
@@ -58,6 +65,7 @@ POD_HOOKS = (
     "validate-pods.scheduling.hopsworks.ai",
     "validate-workloads.scheduling.hopsworks.ai",
     "mutate-workloads.scheduling.hopsworks.ai",
+    "validate-pod-updates.scheduling.hopsworks.ai",
 )
 
 
@@ -478,6 +486,8 @@ def test_quota_and_scheduling_fail_closed(rendered: list[dict[str, Any]]) -> Non
     assert hooks["validate-settings.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
     # A Job let through without its queue label would run outside Kueue's quota.
     assert hooks["mutate-workloads.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+    # An outage must not be the moment a pod's queue or preemptibility can be changed.
+    assert hooks["validate-pod-updates.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
 
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
@@ -521,6 +531,20 @@ def test_namespace_webhook_selects_project_namespaces_by_object(rendered: list[d
     assert not hook_reaches(hook, "team-b", project=False)
     assert not hook_reaches(hook, "kube-system")
     assert not hook_reaches(hook, "hopsworks")
+
+
+def test_pod_update_webhook_sees_only_label_and_annotation_edits_of_pods(rendered: list[dict[str, Any]]) -> None:
+    hook = webhooks(rendered)["validate-pod-updates.scheduling.hopsworks.ai"]
+    # The pod itself only: status and binding (the kubelet's and the scheduler's) are subresources.
+    assert hook["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
+         "scope": "Namespaced"}
+    ]  # fmt: skip
+    assert "objectSelector" not in hook  # a guarded key may be added to a pod without any
+    (condition,) = hook["matchConditions"]
+    for part in ("labels", "annotations"):
+        assert f"object.metadata.{part} != oldObject.metadata.{part}" in condition["expression"]
+        assert f"has(object.metadata.{part}) != has(oldObject.metadata.{part})" in condition["expression"]
 
 
 def test_workload_webhook_covers_pod_owners(rendered: list[dict[str, Any]]) -> None:
@@ -754,6 +778,7 @@ def test_deployment_values_are_applied(ca_bundle: str) -> None:
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
         "priorityClassName": "hopsworks-platform",
         "installers": ["system:serviceaccount:hopsworks:installer", "group:platform-admins"],
+        "podGroupers": ["system:serviceaccount:runai:pod-grouper", "group:system:serviceaccounts:kai"],
         "variables": {"run_ai_client_secret_name": "runai-sa", "run_ai_client_secret_key": "secret"},
     }  # fmt: skip
     objects = render(values)
@@ -770,6 +795,7 @@ def test_deployment_values_are_applied(ca_bundle: str) -> None:
     assert volumes["runai-client-secret"]["secret"]["secretName"] == "runai-sa"
     assert volumes["runai-client-secret"]["secret"]["items"] == [{"key": "secret", "path": "secret"}]
     assert env_value(c, "SCHEDULING_WEBHOOK_INSTALLERS") == ",".join(values["installers"])
+    assert env_value(c, "SCHEDULING_WEBHOOK_POD_GROUPERS") == ",".join(values["podGroupers"])
 
 
 def test_no_runai_secret_named_means_no_runai_volume(ca_bundle: str) -> None:

@@ -328,5 +328,17 @@ async def test_served_by_the_http_shell(https_server: StartHttpsServer) -> None:
             assert "label runai/queue changed from 'vision' to 'finance'" in answer["status"]["message"]
 
 
+async def test_a_hostile_review_is_a_clear_refusal_not_a_500(https_server: StartHttpsServer) -> None:
+    srv = await https_server(cache_app(cluster_state(namespaces=[namespace(NS)])))
+    request = pod_update(labels({"team": "blue"}), MEMBER)
+    request["oldObject"]["metadata"]["labels"] = ["runai/queue", "vision"]
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    async with srv.session.post(srv.url("/validate/pod-updates"), json=body) as resp:
+        assert resp.status == 200
+        answer = (await resp.json())["response"]
+    assert answer["allowed"] is False and answer["status"]["code"] == 400, answer
+    assert "oldObject.metadata.labels" in answer["status"]["message"]
+
+
 def test_stock_settings_protect_the_stock_kind_rules_labels() -> None:
     assert protected_labels(SETTINGS) >= {"jupyter", "serving.hops.works/id", "runai/queue", "priorityClassName"}
