@@ -17,6 +17,8 @@ import pytest
 from tests.e2e.conftest import Cluster, Obj
 from tests.e2e.runai_steps import create_pod, gpu_notebook, wait_bound
 from tests.e2e.test_kubectl import pod, turn_runai_on
+from tests.support.control_plane.install import Install
+from webhook.metrics import ADMISSION_OUTCOMES
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +29,7 @@ POD_GROUPER = ("--as", "system:serviceaccount:kai-scheduler:pod-grouper")
 PREEMPTIBILITY = "kai.scheduler/preemptibility"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 IMAGE = "registry.example/trainer:1.0"
+ENDPOINT = "validate_pod-updates"  # the route's series in webhook_admission_requests_total
 
 
 async def member_project(cluster: Cluster, prefix: str) -> str:
@@ -118,6 +121,14 @@ async def test_a_pending_gpu_pod_of_a_runai_project_keeps_what_admission_wrote(c
     await cluster.ok("annotate", *target, "note=waiting", *MEMBER)
 
 
+def reviews_of_pod_updates(local: Install) -> float:
+    """How many pod updates both replicas have reviewed, whatever the answer."""
+    return sum(
+        sum(local.metric("webhook_admission_requests_total", endpoint=ENDPOINT, outcome=outcome))
+        for outcome in ADMISSION_OUTCOMES
+    )
+
+
 def deployment(name: str, namespace: str, replicas: int) -> Obj:
     labels = {"app": name, "hopsworks.ai/workload-type": "deployment"}
     return {
@@ -139,7 +150,9 @@ def job(name: str, namespace: str) -> Obj:
 
 
 async def test_the_controllers_writes_to_pods_still_pass(cluster: Cluster) -> None:
+    local = cluster.needs_local("reads the replicas' metrics")
     project = await member_project(cluster, "controllers")
+    reviewed = reviews_of_pod_updates(local)
     await cluster.apply(deployment("web", project, 2), job("etl", project))
 
     # The Deployment rolls out a new template: new pods Running, the old ones scaled away.
@@ -178,3 +191,9 @@ async def test_the_controllers_writes_to_pods_still_pass(cluster: Cluster) -> No
         return pods if pods and all(not p["metadata"].get("ownerReferences") for p in pods) else None
 
     await cluster.eventually(orphaned, "the garbage collector took the owners off the pods", 60)
+    # None of these writes changed a label or an annotation: matchConditions kept them all away,
+    # while an edit of a label is reviewed (and counted) as before.
+    assert reviews_of_pod_updates(local) == reviewed
+    pods = await cluster.list("pods", project, "-l", "app=web")
+    await cluster.ok("label", "pod", pods[0]["metadata"]["name"], "-n", project, "team=blue")
+    assert reviews_of_pod_updates(local) == reviewed + 1
