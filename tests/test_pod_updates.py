@@ -163,7 +163,6 @@ CASES = {
         labels({"runai/queue": "finance"}), MEMBER, ("label runai/queue changed from 'vision' to 'finance'",)
     ),
     "KAI's own queue label added": Case(labels({"kai.scheduler/queue": "finance"}), MEMBER, ("kai.scheduler/queue",)),
-    "KAI's project label added (its queue fallback)": Case(labels({"project": "finance"}), MEMBER, ("label project",)),
     "KAI's node-pool label added": Case(
         labels({"kai.scheduler/node-pool": "a100"}), MEMBER, ("label kai.scheduler/node-pool",)
     ),
@@ -237,6 +236,7 @@ CASES = {
     "Kueue lifts its scheduling gate": Case(spec(schedulingGates=[]), KUEUE),
     "the garbage collector orphans the pod": Case(meta(ownerReferences=[], finalizers=[]), GC),
     "an unrelated label and annotation": Case(both(labels({"team": "blue"}), annotations({"note": "edited"})), MEMBER),
+    "KAI's queue fallback, read only without a queue label": Case(labels({"project": "vision"}), MEMBER),
     "a protected key written again with its own value": Case(
         both(labels({"runai/queue": "vision"}), annotations({"gpu-fraction": "0.5"})), MEMBER
     ),

@@ -10,10 +10,12 @@ grow its GPU share after the quota check. The keys, by who reads them after crea
 - KAI's pod grouper (v0.17.0, `pkg/podgrouper`: the pod controller and the default grouper),
   on every reconcile of the pod: the labels `kai.scheduler/preemptibility` and
   `priorityClassName` (the PodGroup's preemptibility and priority are rewritten from them), the
-  queue label (`runai/queue` on Run:ai, `kai.scheduler/queue` on KAI's defaults) and its fallback
-  `project`, the node-pool label `kai.scheduler/node-pool` (both read when a PodGroup is made), and
-  the annotations `kai.scheduler/skip-podgrouper` and `pod-group-name` (a pod without owner that
-  names a group is left in it);
+  queue label (`runai/queue` on Run:ai, `kai.scheduler/queue` on KAI's defaults) and the node-pool
+  label `kai.scheduler/node-pool` (both read when a PodGroup is made), and the annotations
+  `kai.scheduler/skip-podgrouper` and `pod-group-name` (a pod without owner that names a group is
+  left in it). Its queue fallback, the label `project`, is read only on a pod without a queue
+  label, and every admitted pod of a bound project has `runai/queue`: `project` is not guarded,
+  so that none of Run:ai's own writers of it is ever refused;
 - KAI's binder and scheduler: the GPU-sharing annotations `gpu-fraction`,
   `gpu-fraction-num-devices`, `gpu-memory`, `gpu-fraction-container-name` and `mps`;
 - Kueue (v0.17.0, plain pods): the labels `kueue.x-k8s.io/queue-name` and
@@ -55,10 +57,8 @@ from webhook.snapshot import (
 )
 
 # KAI's own names for what Run:ai names otherwise (KAI v0.17.0 `pkg/common/constants`,
-# `pkg/podgrouper/podgrouper/plugins/constants`): its default queue label, the project label its
-# default grouper falls back to for the queue, and its default node-pool label.
+# `pkg/podgrouper/podgrouper/plugins/constants`): its default queue label and node-pool label.
 KAI_QUEUE_LABEL = "kai.scheduler/queue"
-KAI_PROJECT_LABEL = "project"
 KAI_NODE_POOL_LABEL = "kai.scheduler/node-pool"
 # The label `core.kinds` reads to tell a system job from a job.
 JOB_TYPE_LABEL = "job-type"
@@ -71,7 +71,6 @@ FIXED_LABELS = frozenset(
         RUNAI_PRIORITY_LABEL,
         RUNAI_QUEUE_LABEL,
         KAI_QUEUE_LABEL,
-        KAI_PROJECT_LABEL,
         KAI_NODE_POOL_LABEL,
         KUEUE_QUEUE_LABEL,
         KUEUE_POD_GROUP_LABEL,
