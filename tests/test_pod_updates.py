@@ -159,6 +159,16 @@ CASES = {
     "skip-podgrouper added": Case(
         annotations({"kai.scheduler/skip-podgrouper": "true"}), MEMBER, ("annotation kai.scheduler/skip-podgrouper",)
     ),
+    "a preemption delay added to an over-quota job": Case(
+        annotations({"kai.scheduler/preemption-delay": "720h"}),
+        MEMBER,
+        ("annotation kai.scheduler/preemption-delay added ('720h')",),
+    ),
+    "a staleness grace period added": Case(
+        annotations({"kai.scheduler/staleness-grace-period": "720h"}),
+        MEMBER,
+        ("annotation kai.scheduler/staleness-grace-period added",),
+    ),
     "runai/queue moved to another project's queue": Case(
         labels({"runai/queue": "finance"}), MEMBER, ("label runai/queue changed from 'vision' to 'finance'",)
     ),

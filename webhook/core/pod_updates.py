@@ -12,10 +12,13 @@ grow its GPU share after the quota check. The keys, by who reads them after crea
   `priorityClassName` (the PodGroup's preemptibility and priority are rewritten from them), the
   queue label (`runai/queue` on Run:ai, `kai.scheduler/queue` on KAI's defaults) and the node-pool
   label `kai.scheduler/node-pool` (both read when a PodGroup is made), and the annotations
-  `kai.scheduler/skip-podgrouper` and `pod-group-name` (a pod without owner that names a group is
-  left in it). Its queue fallback, the label `project`, is read only on a pod without a queue
-  label, and every admitted pod of a bound project has `runai/queue`: `project` is not guarded,
-  so that none of Run:ai's own writers of it is ever refused;
+  `kai.scheduler/skip-podgrouper`, `pod-group-name` (a pod without owner that names a group is
+  left in it), `kai.scheduler/preemption-delay` and `kai.scheduler/staleness-grace-period` (how
+  long the PodGroup is kept from preemption, and how long it may run short of its members: a long
+  delay on an over-quota job would keep its GPUs from being reclaimed). Its queue fallback, the
+  label `project`, is read only on a pod without a queue label, and every admitted pod of a bound
+  project has `runai/queue`: `project` is not guarded, so that none of Run:ai's own writers of it
+  is ever refused;
 - KAI's binder and scheduler: the GPU-sharing annotations `gpu-fraction`,
   `gpu-fraction-num-devices`, `gpu-memory`, `gpu-fraction-container-name` and `mps`;
 - Kueue (v0.17.0, plain pods): the labels `kueue.x-k8s.io/queue-name` and
@@ -57,8 +60,11 @@ from webhook.snapshot import (
 )
 
 # KAI's own names for what Run:ai names otherwise (KAI v0.17.0 `pkg/common/constants`,
-# `pkg/podgrouper/podgrouper/plugins/constants`): its default queue label and node-pool label.
+# `pkg/podgrouper/podgrouper/plugins/constants`): its default queue label and node-pool label, and
+# the annotations its default grouper reads the PodGroup's preemption delay and staleness from.
 KAI_QUEUE_LABEL = "kai.scheduler/queue"
+KAI_PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
+KAI_STALENESS_ANNOTATION = "kai.scheduler/staleness-grace-period"
 KAI_NODE_POOL_LABEL = "kai.scheduler/node-pool"
 # The label `core.kinds` reads to tell a system job from a job.
 JOB_TYPE_LABEL = "job-type"
@@ -82,6 +88,8 @@ FIXED_ANNOTATIONS = frozenset(
     {
         *SHARING_ANNOTATIONS,
         *POD_GROUPER_ANNOTATIONS,
+        KAI_PREEMPTION_DELAY_ANNOTATION,
+        KAI_STALENESS_ANNOTATION,
         KUEUE_TOPOLOGY_ANNOTATION,
         KUEUE_POD_GROUP_COUNT_ANNOTATION,
         KUEUE_POD_GROUP_SERVING_ANNOTATION,
