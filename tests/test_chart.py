@@ -930,8 +930,9 @@ def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None
 def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_itself() -> None:
     objects = hooks({}, "platform")
     assert sorted(o["kind"] for o in objects) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
-    )
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    )  # fmt: skip
     for obj in objects:
         annotations = obj["metadata"]["annotations"]
         assert annotations["helm.sh/hook"] == "post-delete", obj["kind"]
@@ -954,4 +955,14 @@ def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_its
     assert not allows(role, "coordination.k8s.io", "leases", "delete", "someone-elses-lease")
     for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
         assert "secrets" not in rule["resources"] and "*" not in rule["verbs"]
+    # RBAC lets the Job patch every namespace; its own policy narrows that to taking this
+    # system's keys away, and the Job waits until that policy is in force.
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:platform:{account}'"
+    assert one(objects, "ValidatingAdmissionPolicyBinding")["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert c["args"][-2:] == ["--guard-policy", policy["metadata"]["name"]]
     assert not hooks({"uninstallCleanup": {"enabled": False}})
