@@ -351,6 +351,14 @@ async def test_the_uninstall_jobs_identity_may_only_take_this_systems_keys_off_n
             ("patch", "namespace", name, "--type=merge", "-p", json.dumps({"metadata": {"finalizers": [FINALIZER]}})),
         ):
             assert await refused_by_the_policy(*args), args
+        # Its ConfigMap deletes (granted namespace-wide) reach only the server's own.
+        await cluster.ok("create", "configmap", "platform-notes", "-n", INSTALL_NS, "--from-literal=a=b")
+        assert await refused_by_the_policy("delete", "configmap", "platform-notes", "-n", INSTALL_NS)
+        reservation = {"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": f"gpu-reservations.{name}", "namespace": INSTALL_NS,
+                                    "labels": {"scheduling.hopsworks.ai/gpu-reservations": "true"}}}  # fmt: skip
+        await cluster.apply(reservation)
+        await cluster.ok(as_job, "delete", "configmap", f"gpu-reservations.{name}", "-n", INSTALL_NS)
         # What it is there for passes: this system's finalizer, label and annotation taken off.
         drop = {"metadata": {"finalizers": ["example.com/keep"], "labels": {RUNAI_PROJECT_ID_LABEL: None},
                              "annotations": {BINDING_ANNOTATION: None}}}  # fmt: skip
@@ -361,6 +369,7 @@ async def test_the_uninstall_jobs_identity_may_only_take_this_systems_keys_off_n
         for obj in guard:
             where = ["-n", obj["metadata"]["namespace"]] if obj["metadata"].get("namespace") else []
             await cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], *where, "--ignore-not-found")
+        await cluster.kubectl("delete", "configmap", "platform-notes", "-n", INSTALL_NS, "--ignore-not-found")
         await cluster.kubectl("patch", "namespace", name, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
         await cluster.kubectl("delete", "namespace", name, "--wait=false")
 
