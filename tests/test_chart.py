@@ -682,11 +682,14 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     assert allows(cluster, "", "namespaces", "patch") and not allows(cluster, "", "namespaces", "update")
     assert not allows(cluster, "", "namespaces", "create")
     assert not allows(cluster, "", "pods", "create")
-    assert allows(cluster, "", "events", "create")
+    # Events about namespaces live in `default`: granted there, and nowhere else.
+    assert not allows(cluster, "", "events", "create")
+    (events,) = [o for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] == "default"]
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
     assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
 
-    role = rules_of(rendered, "Role")
+    role = [r for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] != "default" for r in o["rules"]]
     lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
     assert allows(role, "coordination.k8s.io", "leases", "update", lease)
     assert allows(role, "coordination.k8s.io", "leases", "get", lease)
@@ -700,12 +703,18 @@ def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bu
     account = one(objects, "ServiceAccount")["metadata"]
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = one(objects, kind)
-        assert binding["roleRef"]["name"] == one(objects, role_kind)["metadata"]["name"]
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": account["name"], "namespace": install_namespace}
-        ]
-    assert one(objects, "Role")["metadata"]["namespace"] == install_namespace
+        roles = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects if o["kind"] == role_kind}
+        bindings = [o for o in objects if o["kind"] == kind]
+        assert len(bindings) == len(roles)
+        for binding in bindings:
+            assert (binding["metadata"].get("namespace"), binding["roleRef"]["name"]) in roles
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": account["name"], "namespace": install_namespace}
+            ]
+    # The install namespace's Role, and the one for Events about namespaces, which live in `default`.
+    assert sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "Role") == sorted(
+        [install_namespace, "default"]
+    )
 
 
 # -- values substitution -----------------------------------------------------------------------------
@@ -716,7 +725,9 @@ def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
     assert one(objects, "Namespace")["metadata"]["name"] == "platform"
     for obj in objects:
         if obj["kind"] not in CLUSTER_SCOPED:
-            assert obj["metadata"]["namespace"] == "platform", obj["kind"]
+            # Events about namespaces are accepted only in `default`: their grant is there.
+            events_grant = obj["metadata"]["name"] == "hopsworks:scheduling-webhook-events"
+            assert obj["metadata"]["namespace"] == ("default" if events_grant else "platform"), obj["kind"]
         for path, value in strings(obj):
             # "hopsworks" as a whole value can only be the old namespace (label values aside:
             # part-of names the platform).
@@ -945,8 +956,9 @@ def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None
 def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_itself() -> None:
     objects = hooks({}, "platform")
     assert sorted(o["kind"] for o in objects) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
-    )
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    )  # fmt: skip
     for obj in objects:
         annotations = obj["metadata"]["annotations"]
         assert annotations["helm.sh/hook"] == "post-delete", obj["kind"]
@@ -969,4 +981,14 @@ def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_its
     assert not allows(role, "coordination.k8s.io", "leases", "delete", "someone-elses-lease")
     for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
         assert "secrets" not in rule["resources"] and "*" not in rule["verbs"]
+    # RBAC lets the Job patch every namespace; its own policy narrows that to taking this
+    # system's keys away, and the Job waits until that policy is in force.
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:platform:{account}'"
+    assert one(objects, "ValidatingAdmissionPolicyBinding")["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert c["args"][-2:] == ["--guard-policy", policy["metadata"]["name"]]
     assert not hooks({"uninstallCleanup": {"enabled": False}})

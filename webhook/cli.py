@@ -115,10 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = command(
         "uninstall-cleanup",
         "after the chart's objects are gone (its uninstall Job): take this system's finalizer, label and "
-        "annotations off the project namespaces, delete its reservation ConfigMaps and Lease",
+        "annotations off the namespaces carrying them, delete its reservation ConfigMaps and Lease",
     )
     cleanup.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     cleanup.add_argument("--wait-s", type=float, default=120, help="how long to wait for the server's pods to end")
+    cleanup.add_argument(
+        "--guard-policy",
+        default="",
+        help="a ValidatingAdmissionPolicy that must be refusing this identity's other namespace edits before "
+        "any namespace is patched (the chart's uninstall Job names its own); empty: do not wait for one",
+    )
 
     review = command(
         "review",
