@@ -7,6 +7,8 @@ on the main port stay reachable by browsers and API clients, which have no such 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import ssl
@@ -16,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.https import LOOPBACK, CertFiles, client_ssl_context, free_port, make_cert_files
+from tests.support.https import LOOPBACK, SERVICE_HOST, CertFiles, client_ssl_context, free_port, make_cert_files
 from tests.support.reviews import pod_review
-from webhook.metrics import CONNECTIONS_CLOSED
+from webhook.metrics import CONNECTIONS_CLOSED, admission_counts
 from webhook.runtime import Runtime, ServeOptions, StartupError
 from webhook.tls.issuing import make_client_cert
 
@@ -55,6 +57,42 @@ async def call(port: int, ctx: ssl.SSLContext, method: str, path: str, body: Any
 
 def review() -> dict[str, Any]:
     return pod_review("vision", dry_run=True)
+
+
+async def request_in_the_handshakes_last_flight(port: int, ctx: ssl.SSLContext, body: bytes) -> bytes:
+    """A POST written in the same TCP write as the client's Finished message, so that the server
+    reads both at once; returns whatever the server sent back before closing."""
+    reader, writer = await asyncio.open_connection(LOOPBACK, port)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=SERVICE_HOST)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            if outgoing.pending:
+                writer.write(outgoing.read())
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionError("closed during the handshake") from None
+            incoming.write(data)
+    head = (f"POST /validate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    tls.write(head + body)
+    writer.write(outgoing.read())  # the Finished message and the request, in one write
+    answer = b""
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        while data := await asyncio.wait_for(reader.read(65536), 5):
+            incoming.write(data)
+            with contextlib.suppress(ssl.SSLWantReadError):
+                answer += tls.read(65536)
+    writer.close()
+    return answer
+
+
+def reviews_answered() -> int:
+    counts = admission_counts("validate_pods")
+    return counts.allowed + counts.patched + counts.denied + counts.bad_request + counts.internal_errors
 
 
 def closed_for(reason: str) -> float:
@@ -112,17 +150,25 @@ async def test_a_certificate_of_the_client_ca_that_names_another_client_is_close
     runtime, options = await start(tmp_path, certs, client_ca=certs.client_ca_file, client_names=(APISERVER,))
     assert options.admission_port is not None
     other = make_client_cert(certs.client_ca, common_name="system:kube-scheduler", days=1)
-    before = closed_for("client_refused")
+    before, answered = closed_for("client_refused"), reviews_answered()
     try:
-        with pytest.raises((aiohttp.ClientError, ConnectionError)):
-            await call(
-                options.admission_port,
-                client_ssl_context(certs.ca.cert_pem, other, tmp_path),
-                "POST",
-                "/validate/pods",
-                review(),
-            )
-        assert closed_for("client_refused") == before + 1
+        for _ in range(5):
+            with pytest.raises((aiohttp.ClientError, ConnectionError)):
+                await call(
+                    options.admission_port,
+                    client_ssl_context(certs.ca.cert_pem, other, tmp_path),
+                    "POST",
+                    "/validate/pods",
+                    review(),
+                )
+        assert closed_for("client_refused") == before + 5
+        # A request that arrives together with the handshake's last flight is not read either.
+        wrong = client_ssl_context(certs.ca.cert_pem, other, tmp_path)
+        answer = await request_in_the_handshakes_last_flight(
+            options.admission_port, wrong, json.dumps(review()).encode()
+        )
+        assert answer == b"" and closed_for("client_refused") == before + 6
+        assert reviews_answered() == answered
         named = make_client_cert(certs.client_ca, common_name=APISERVER, days=1)
         status, answer = await call(
             options.admission_port,

@@ -16,6 +16,7 @@ import json
 import ssl
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,6 +26,7 @@ from tests.e2e.conftest import Cluster, Obj, _report
 from tests.e2e.runai_steps import create_pod, delete_pods, gpu_notebook, in_standin, wait_bound
 from tests.e2e.test_kubectl import turn_runai_on
 from tests.support.control_plane.install import ADMISSION_PORT, INSTALL_NS, Install, helm_install
+from webhook.tls.issuing import make_client_cert
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +53,20 @@ async def post(local: Install, port: int, path: str, body: Obj, ctx: ssl.SSLCont
         session.post(f"https://{local.service_ip}:{port}{path}", ssl=ctx, json=body) as r,
     ):
         return r.status, json.loads(await r.text() or "null")
+
+
+def another_webhook_client(local: Install, dir: Path) -> ssl.SSLContext:
+    """A certificate from the apiserver's webhook client CA that names someone else: the CA is
+    right, the name is not one of admission.clientNames."""
+    client = local.cp.webhook_client
+    assert client is not None
+    other = make_client_cert(client.ca, common_name="someone-else", days=1)
+    cert_file, key_file = dir / "someone-else.crt", dir / "someone-else.key"
+    cert_file.write_bytes(other.cert_pem)
+    key_file.write_bytes(other.key_pem)
+    ctx = local.admission_ssl(as_apiserver=False)
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx
 
 
 def cluster_ca_client(local: Install) -> ssl.SSLContext:
@@ -95,7 +111,9 @@ async def reservations(cluster: Cluster, project: str) -> dict[str, Obj]:
     return {k: json.loads(v) for k, v in (json.loads(result.stdout).get("data") or {}).items()}
 
 
-async def test_a_process_without_the_apiservers_certificate_is_refused_and_stores_nothing(cluster: Cluster) -> None:
+async def test_a_process_without_the_apiservers_certificate_is_refused_and_stores_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     local = cluster.needs_local("posts to the install's Service address")
     assert local.values["admission"]["clientCA"], "the install requires the apiserver's client certificate"
     await turn_runai_on(cluster)
@@ -108,9 +126,16 @@ async def test_a_process_without_the_apiservers_certificate_is_refused_and_store
     status, answer = await post(local, ADMISSION_PORT, "/validate/pods", dry, local.admission_ssl())
     assert status == 200 and answer["response"]["allowed"], answer
 
+    another = another_webhook_client(local, tmp_path)
+
+    def named_wrong() -> float:
+        return sum(local.metric("webhook_connections_closed_total", listener="admission", reason="client_refused"))
+
+    before = named_wrong()
     for attempt in range(8):  # fresh connections: both replicas are asked
-        # No client certificate, or one of the cluster CA (even system:masters'): the handshake fails.
-        for ctx in (local.admission_ssl(as_apiserver=False), cluster_ca_client(local)):
+        # No client certificate, or one of the cluster CA (even system:masters'): the handshake
+        # fails; one of the right CA naming someone else: closed right after it.
+        for ctx in (local.admission_ssl(as_apiserver=False), cluster_ca_client(local), another):
             with pytest.raises(REFUSED_AT_TLS):
                 await post(local, ADMISSION_PORT, "/validate/pods", forged, ctx)
         with pytest.raises(REFUSED_AT_TLS):
@@ -119,6 +144,7 @@ async def test_a_process_without_the_apiservers_certificate_is_refused_and_store
         status, answer = await post(local, 443, "/validate/pods", forged, local.admission_ssl(as_apiserver=False))
         assert status == 404, (attempt, answer)
 
+    assert named_wrong() >= before + 8  # each closed after its handshake, by either replica
     assert "forged-uid-1" not in await reservations(cluster, project)
     # The project's real pod gets its two GPUs.
     real = await create_pod(cluster, gpu_notebook("real", project, gpus=2))

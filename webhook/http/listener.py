@@ -133,6 +133,10 @@ class BoundedRequestHandler(RequestHandler):
             self._socket = transport
         super().connection_made(transport)
         if self._listener.client_names and not self._listener.accepts_client(transport):
+            # Before the abort: a request that came with the handshake's last flight is already
+            # read and is fed to this handler once this returns; aiohttp drops data on a handler
+            # being force-closed.
+            self._force_close = True
             self.abort()
             return
         self._set_deadline(self._loop.time() + self._header_timeout_s, HEADER_TIMEOUT)

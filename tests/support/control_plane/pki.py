@@ -107,10 +107,14 @@ class WebhookClient:
     from a CA of its own: a webhook that trusts this CA admits the apiserver and no other client of
     the control plane (the cluster CA also signs the admin's, the controllers' and kwok's)."""
 
-    ca_pem: bytes
+    ca: CertKey
     ca_file: Path
     cert: ClientCert
     name: str = WEBHOOK_CLIENT_NAME
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca.cert_pem
 
 
 def webhook_client(dir: Path) -> WebhookClient:
@@ -119,4 +123,4 @@ def webhook_client(dir: Path) -> WebhookClient:
     write_file_atomic(ca_file, ca.cert_pem, 0o644)
     pair = _leaf(ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, WEBHOOK_CLIENT_NAME)]),
                  ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
-    return WebhookClient(ca.cert_pem, ca_file, ClientCert(*_write_pair(dir, "webhook-client", pair)))
+    return WebhookClient(ca, ca_file, ClientCert(*_write_pair(dir, "webhook-client", pair)))
