@@ -464,7 +464,10 @@ def test_every_webhook_is_v1_short_and_explicit(rendered: list[dict[str, Any]], 
         ref = hook["clientConfig"]["service"]
         assert ref["name"] == service["metadata"]["name"], name
         assert ref["namespace"] == service["metadata"]["namespace"], name
-        assert ref["port"] == service["spec"]["ports"][0]["port"] == 443, name
+        # The Service's `admission` port, apart from the console's and the APIs' 443.
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert ref["port"] == ports["admission"]["port"] == 9443, name
+        assert ports["admission"]["targetPort"] == "admission", name
         assert ref["path"] in SERVER_PATHS, name
         assert hook["clientConfig"]["caBundle"] == ca_bundle, name
 
@@ -876,6 +879,51 @@ def test_probes_use_the_probe_port_with_or_without_a_client_ca(ca_bundle: str, c
     assert ports["https"]["targetPort"] == "https"
 
 
+def test_the_admission_port_is_the_containers_admission_port_and_asks_for_no_certificate_by_default(
+    rendered: list[dict[str, Any]],
+) -> None:
+    c = container(rendered)
+    flags = dict(zip(c["args"][1::2], c["args"][2::2], strict=False))
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named["admission"] == int(flags["--admission-port"]) == 9443
+    assert named["https"] == int(flags["--port"]) == 8443
+    assert "--client-ca" not in c["args"] and "--client-name" not in c["args"]
+    assert not [o for o in rendered if o["kind"] == "ConfigMap" and "client-ca" in o["metadata"]["name"]]
+
+
+def test_an_admission_client_ca_is_mounted_and_required_with_the_names_given(ca_bundle: str) -> None:
+    ca_pem = base64.b64decode(ca_bundle).decode()
+    names = ["kube-apiserver-webhook-client", "apiserver.example.com"]
+    objects = render({**given_ca(ca_bundle), "admission": {"clientCA": ca_pem, "clientNames": names}})
+    c = container(objects)
+    configmap = one(objects, "ConfigMap", "scheduling-webhook-admission-client-ca")
+    assert configmap["data"]["ca.crt"] == ca_pem
+    volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["admission-client-ca"]["configMap"]["name"] == "scheduling-webhook-admission-client-ca"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["admission-client-ca"] == "/admission-client-ca"
+    at = c["args"].index("--client-ca")
+    assert c["args"][at : at + 6] == [
+        "--client-ca", "/admission-client-ca/ca.crt", "--client-name", names[0], "--client-name", names[1],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("admission", "certs", "message"),
+    [
+        ({"clientNames": ["kube-apiserver"]}, {}, "admission.clientNames needs admission.clientCA"),
+        ({"clientCA": "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"}, {"clientCAKey": "ca.crt"},
+         "certs.clientCAKey and admission.clientCA both"),
+        ({"clientCA": "not a certificate"}, {}, "at '/admission/clientCA'"),
+    ],
+)  # fmt: skip
+def test_admission_client_values_that_cannot_work_are_refused(
+    ca_bundle: str, admission: dict[str, Any], certs: dict[str, Any], message: str
+) -> None:
+    values = given_ca(ca_bundle)
+    refused({**values, "certs": {**values["certs"], **certs}, "admission": admission}, message)
+
+
 def test_network_policy_is_off_by_default(rendered: list[dict[str, Any]]) -> None:
     assert not [o for o in rendered if o["kind"] == "NetworkPolicy"]
 
@@ -910,12 +958,14 @@ def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_
     assert selector_matches(policy["spec"]["podSelector"], labels)
     apiserver, clients, scraper = policy["spec"]["ingress"]
     assert apiserver["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "fd00::1/128"}}]
-    assert [p["port"] for p in apiserver["ports"]] == ["https"]
+    # The apiserver alone reaches the admission port; the API clients reach the console's port only.
+    assert [p["port"] for p in apiserver["ports"]] == ["admission"]
     assert clients["from"] == [{"podSelector": {}}]  # pods of the install namespace
+    assert [p["port"] for p in clients["ports"]] == ["https"]
     assert scraper["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert [p["port"] for p in scraper["ports"]] == ["probes"]
     named = {p["name"] for p in container(objects)["ports"]}
-    assert {"https", "probes"} <= named
+    assert {"https", "admission", "probes"} <= named
 
 
 @pytest.mark.parametrize(

@@ -45,13 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(kubelet probes send none); 0: only on --port",
     )
     serve.add_argument(
+        "--admission-port",
+        type=int,
+        default=None,
+        help="serve the admission webhooks (/mutate/*, /validate/*) here and only here; --client-ca and "
+        "--client-name then apply to this port alone, and --port keeps the console and the APIs "
+        "(default: the webhooks on --port with everything else)",
+    )
+    serve.add_argument(
         "--reuse-port",
         action="store_true",
         help="let other processes listen on the same address and port (SO_REUSEPORT): the kernel spreads "
         "new connections over them",
     )
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
-    serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
+    serve.add_argument(
+        "--client-ca",
+        default=None,
+        help="require a client certificate from this CA on the admission port (on --port without --admission-port)",
+    )
+    serve.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        help="with --client-ca: admit only client certificates naming this (common name or DNS name; repeatable)",
+    )
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")
     serve.add_argument(
         "--console-keys",
