@@ -850,6 +850,18 @@ def test_dockerfile_is_multi_stage_and_runs_as_the_manifests_uid(rendered: list[
     assert cmd.startswith('["serve"')
 
 
+def test_dockerfile_exposes_the_charts_ports_and_carries_oci_labels(rendered: list[dict[str, Any]]) -> None:
+    instructions = dockerfile_instructions()
+    exposed = {int(p.split("/")[0]) for word, rest in instructions if word == "EXPOSE" for p in rest.split()}
+    ports = {p["containerPort"] for c in one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
+             for p in c["ports"]}  # fmt: skip
+    assert exposed == ports
+    labels = " ".join(rest for word, rest in instructions if word == "LABEL")
+    for key in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+
+
 def test_dockerfile_bakes_in_no_secrets() -> None:
     for word, rest in dockerfile_instructions():
         if word in ("ENV", "ARG", "LABEL"):
