@@ -121,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("file", help="YAML or JSON file, or - for stdin")
     review.add_argument("--state", required=True, help="a folder of Kubernetes YAML, e.g. examples/cluster")
     review.add_argument("--namespace", default="hopsworks", help="install namespace (where the settings live)")
+    review.add_argument(
+        "-o",
+        "--output",
+        default="text",
+        choices=("text", "json", "yaml"),
+        help="text for people; json or yaml: one object, the AdmissionReview response with its patch "
+        "decoded and the patched object",
+    )
 
     admin = command("admin", "administrator actions against a running server in cluster mode")
     admin_sub = admin.add_subparsers(dest="action", required=True)
