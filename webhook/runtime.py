@@ -218,6 +218,12 @@ class Runtime:
         await main.start()
         self._listeners.append(main)
         log.info("serving on https://%s:%d", self.options.host, main.port)
+        if self.options.state_dir is not None:
+            # The address to open, once it answers: the dev certificate names localhost.
+            from webhook.local_mode import is_loopback
+
+            host = "localhost" if is_loopback(self.options.host) else self.options.host
+            log.info("console on https://%s:%d/ui/", host, main.port)
         if self.options.probe_port is not None:
             self.probe_runner = web.AppRunner(
                 create_probe_app(self.app), handle_signals=False, access_log=None, shutdown_timeout=1.0
