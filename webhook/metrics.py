@@ -8,13 +8,19 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# The series every Prometheus client exports by default (process_* memory, CPU and file
+# descriptors; python_gc_*; python_info), which dashboards and alerts expect of any process: the
+# registry is this process's own, so they are registered here rather than inherited.
+ProcessCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
 
 # Admission answers, counted per review as plain integers (AdmissionCounts) and exported by
 # collectors under the names, labels and help that prometheus_client's Counter and Histogram gave

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import jsonpatch
 import yaml
 
-from webhook.admission import DEFAULT_VERSION, BadReview, build_response, object_errors, parse_review
+from webhook.admission import DEFAULT_VERSION, BadReview, build_response, dumps, object_errors, parse_review
 from webhook.core.decision import Decision, Reason
 from webhook.core.guard_config import GuardConfig
 from webhook.http.app import rules_read
@@ -110,7 +110,10 @@ def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 def review_answer(request: dict[str, Any], decision: Decision, patched: dict[str, Any] | None) -> dict[str, Any]:
     """One object a script can read: the AdmissionReview response the server would send (the
     same shortened texts), its patch decoded, and the patched object when allowed."""
-    answer: dict[str, Any] = build_response(DEFAULT_VERSION, str(request.get("uid", "")), decision)["response"]
+    # Through the wire encoding: plain JSON types only (the reason is an enum until then).
+    answer: dict[str, Any] = json.loads(dumps(build_response(DEFAULT_VERSION, str(request.get("uid", "")), decision)))[
+        "response"
+    ]
     if "patch" in answer:
         answer["patch"] = list(decision.patch)
     if patched is not None:

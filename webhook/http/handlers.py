@@ -24,6 +24,7 @@ from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, unseen_namespace
 from webhook.core.workloads import validate_workload
+from webhook.logformat import REVIEW_UID
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
 from webhook.runai.admission import Bind, mutate_pods_handler
@@ -53,6 +54,23 @@ def admission_handlers(
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` is cache-only either way: a
     scale without a template passes with a warning and its pods are checked one by one."""
+    return {path: logging_review_uid(handler) for path, handler in _handlers(state, guard, cluster).items()}
+
+
+def logging_review_uid(handler: AdmissionHandler) -> AdmissionHandler:
+    """`handler`, with the review's uid on every log line written while it decides (`logformat`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        token = REVIEW_UID.set(request.get("uid"))
+        try:
+            return await handler(request)
+        finally:
+            REVIEW_UID.reset(token)
+
+    return handle
+
+
+def _handlers(state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None) -> dict[str, AdmissionHandler]:
     if cluster is None:
         return {
             "/mutate/pods": mutate_handler(state),
