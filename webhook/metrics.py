@@ -197,6 +197,47 @@ CERT_EXPIRY = Gauge(
     registry=REGISTRY,
 )
 
+WOULD_REFUSE = Counter(
+    "webhook_would_refuse_total",
+    "Admission reviews admitted only because their refusal family is in warn mode, by rule and project.",
+    ["rule", "project"],
+    registry=REGISTRY,
+)
+# What the admin view lists: the projects with would-be refusals in the last hour.
+WOULD_REFUSE_WINDOW_S = 3600.0
+_WOULD_REFUSE_KEPT = 1000  # times kept per project and rule: a count, not a log
+
+
+class WouldRefuse:
+    """The would-be refusals of the last hour, per (project, rule), on this replica; the metric
+    above is the cluster-wide count (summed over replicas by whoever scrapes them)."""
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, rule: str, project: str, now: float) -> None:
+        WOULD_REFUSE.labels(rule, project).inc()
+        times = self._times.setdefault((project, rule), [])
+        times.append(now)
+        if len(times) > _WOULD_REFUSE_KEPT:
+            del times[: len(times) - _WOULD_REFUSE_KEPT]
+
+    def recent(self, now: float) -> list[tuple[str, str, int, float]]:
+        """(project, rule, count, last) of the last hour, by project and rule."""
+        since = now - WOULD_REFUSE_WINDOW_S
+        found = []
+        for key in sorted(self._times):
+            times = [t for t in self._times[key] if t >= since]
+            if times:
+                self._times[key] = times
+                found.append((*key, len(times), times[-1]))
+            else:
+                del self._times[key]
+        return found
+
+
+WOULD_REFUSE_RECENT = WouldRefuse()
+
 _cache_log = logging.getLogger("webhook.state.store")
 
 

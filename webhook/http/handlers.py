@@ -17,14 +17,17 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
+from webhook.core.enforcement import as_warning, warned_family
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.quota import validate_pod
-from webhook.core.scheduling import mutate_pod, unseen_namespace
+from webhook.core.scheduling import mutate_pod, request_namespace, unseen_namespace
 from webhook.core.workloads import validate_workload
 from webhook.logformat import REVIEW_UID
+from webhook.metrics import WOULD_REFUSE_RECENT
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
 from webhook.runai.admission import Bind, mutate_pods_handler
@@ -54,7 +57,30 @@ def admission_handlers(
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` is cache-only either way: a
     scale without a template passes with a warning and its pods are checked one by one."""
-    return {path: logging_review_uid(handler) for path, handler in _handlers(state, guard, cluster).items()}
+    handlers = _handlers(state, guard, cluster)
+    for path in ("/validate/pods", "/validate/workloads"):
+        handlers[path] = warning_instead(state, handlers[path])
+    return {path: logging_review_uid(handler) for path, handler in handlers.items()}
+
+
+def warning_instead(
+    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time
+) -> AdmissionHandler:
+    """`handler`, with a refusal of a family the settings put in warn mode admitted, as a warning
+    and an audit annotation, and counted (`core.enforcement`, `metrics.WOULD_REFUSE`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        decision = await handler(request)
+        if decision.allowed:
+            return decision
+        family = warned_family(decision, state.snapshot().settings)
+        if family is None:
+            return decision
+        if not is_dry_run(request):  # counted when it would have kept something out of the cluster
+            WOULD_REFUSE_RECENT.record(family, request_namespace(request), clock())
+        return as_warning(decision, family)
+
+    return handle
 
 
 def logging_review_uid(handler: AdmissionHandler) -> AdmissionHandler:
