@@ -4,9 +4,9 @@ its webhooks): `admission_handlers` returns the path → handler table the app s
 Without cluster parts (`serve --state DIR`, tests) the handlers decide from the caches alone; with
 them (against an apiserver) `/mutate/pods` binds an unbound project on its first pod,
 `/validate/pods` may look up a project and reserve GPUs, and `/validate/settings` knows the Run:ai
-department names. Both pod webhooks first read a pod's namespace that the watch has not delivered
-yet (`webhook.state.namespace_reader`), or refuse the pod with a retryable 503: never pass it as if
-it were no project's.
+department names. Both pod webhooks and `/validate/workloads` first read a namespace that the watch
+has not delivered yet (`webhook.state.namespace_reader`), or refuse with a retryable 503: never pass
+a pod or a Deployment as if it were no project's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, request_namespace, unseen_namespace
-from webhook.core.workloads import validate_workload
+from webhook.core.workloads import unseen_workload_namespace, validate_workload
 from webhook.logformat import REVIEW_UID
 from webhook.metrics import WOULD_REFUSE_RECENT
 from webhook.quota.handlers import Lookup, validate_pods_handler
@@ -55,8 +55,8 @@ class ClusterParts:
 def admission_handlers(
     state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None
 ) -> dict[str, AdmissionHandler]:
-    """The admission endpoints and their handlers. `/validate/workloads` is cache-only either way: a
-    scale without a template passes with a warning and its pods are checked one by one."""
+    """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
+    either way: a scale without a template passes with a warning and its pods are checked one by one."""
     handlers = _handlers(state, guard, cluster)
     for path in ("/validate/pods", "/validate/workloads"):
         handlers[path] = warning_instead(state, handlers[path])
@@ -114,7 +114,10 @@ def _handlers(state: ClusterState, guard: GuardConfig, cluster: ClusterParts | N
         "/validate/pods": reading_unseen_namespaces(
             state, read, validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup)
         ),
-        "/validate/workloads": cached_workloads_handler(state),
+        # A Deployment applied together with its namespace is judged as that project's.
+        "/validate/workloads": reading_unseen_namespaces(
+            state, read, cached_workloads_handler(state), unseen_workload_namespace
+        ),
         "/validate/settings": settings_handler(state, guard, cluster.runai_departments),
     }
 
