@@ -31,6 +31,11 @@ listener bounds each phase of a connection's life and how many there are:
   newcomer refused at accept; readiness then says so (`Listener.no_room`), and the log says
   once when the refusing starts and once when it stops.
 
+A listener given `client_names` (the admission listener, whose context requires a client
+certificate from the apiserver's CA) also closes, right after the handshake, a connection whose
+certificate names none of them: a CA that signs other clients too then still admits only the
+apiserver.
+
 Kubelet probes and the metrics scraper use a listener of their own (see Runtime), so a flood on
 the main port cannot make the pod look dead.
 
@@ -60,7 +65,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from webhook.http.app import NO_STORE, NOSNIFF, request_handler
 from webhook.http.connections import NEVER_SERVED, SERVED, ConnectionTable
+from webhook.logsafe import log_safe
 from webhook.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
+from webhook.tls.watcher import client_certificate_names
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +104,10 @@ SHED = "shed"
 EVICTED = "evicted"
 HEADER_TIMEOUT = "header_timeout"
 BODY_TIMEOUT = "body_timeout"
+CLIENT_REFUSED = "client_refused"  # a verified client certificate that names no accepted client
 ANSWER_TIMEOUT = "answer_timeout"
 PIPELINE_LIMIT = "pipeline_limit"
-CLOSE_REASONS = (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT, ANSWER_TIMEOUT, PIPELINE_LIMIT)
+CLOSE_REASONS = (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT, CLIENT_REFUSED, ANSWER_TIMEOUT, PIPELINE_LIMIT)
 HEAD_END = b"\r\n\r\n"
 
 
@@ -245,6 +253,13 @@ class BoundedRequestHandler(RequestHandler):
         elif isinstance(transport, asyncio.WriteTransport):  # TLS over the socket
             transport.set_write_buffer_limits(high=TLS_WRITE_BUFFER_BYTES)
         super().connection_made(transport)
+        if self._listener.client_names and not self._listener.accepts_client(transport):
+            # Before the abort: a request that came with the handshake's last flight is already
+            # read and is fed to this handler once this returns; aiohttp drops data on a handler
+            # being force-closed.
+            self._force_close = True
+            self.abort()
+            return
         self._latest_write = self._loop.time()  # TLS 1.3 sends its session tickets now
         self._set_deadline(self._latest_write + self._header_timeout_s, HEADER_TIMEOUT)
 
@@ -525,8 +540,11 @@ class Listener:
         name: str = "main",
         *,
         reuse_port: bool = False,
+        client_names: frozenset[str] = frozenset(),
     ) -> None:
         self.runner = runner
+        self.client_names = client_names
+        self._refused_clients = 0
         self.reuse_port = reuse_port
         self.host = host
         self.port = port
@@ -603,6 +621,25 @@ class Listener:
         if self.ssl_context is None:
             return handler
         return TlsConnection(handler, self.ssl_context, self.limits.handshake_timeout_s)
+
+    def accepts_client(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether the verified client certificate names one of `client_names`; a refusal is
+        counted, and logged on the first and then every 1,000th time (a flood writes no flood of lines)."""
+        names = client_certificate_names(transport.get_extra_info("peercert"))
+        if names & self.client_names:
+            return True
+        self._closed(CLIENT_REFUSED)
+        if self._refused_clients % 1000 == 0:
+            log.warning(
+                "%s listener: closed a connection whose client certificate names %s, none of the accepted %s "
+                "(%d refused so far)",
+                self.name,
+                log_safe(sorted(names), 200),
+                sorted(self.client_names),
+                self._refused_clients + 1,
+            )
+        self._refused_clients += 1
+        return False
 
     def _closed(self, reason: str) -> None:
         self._closed_counters[reason].inc()
