@@ -502,8 +502,8 @@ def closed_total(reason: str) -> float:
 async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_deadline(
     https_server: StartHttpsServer, size: int
 ) -> None:
-    # Issue 29.1: writing an answer had no deadline, so a client that never read held its
-    # connection, the handler in drain() and the answer's memory for good.
+    # Without a deadline on writing, a client that never reads would hold its connection, the
+    # handler in drain() and the answer's memory for good.
     limits = ConnectionLimits(
         handshake_timeout_s=2, header_timeout_s=0.5, answer_timeout_s=0.5, idle_timeout_s=60, max_connections=64
     )
@@ -521,8 +521,8 @@ async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_dead
 async def test_at_the_cap_connections_not_reading_their_answers_make_room_before_a_served_one(
     https_server: StartHttpsServer,
 ) -> None:
-    # Issue 29.1: a connection whose answer could not be written counted as a request in flight,
-    # so newcomers evicted the apiserver's keep-alive connection first, then were all refused.
+    # Counted as requests in flight, connections whose answers are not read would make newcomers
+    # evict the apiserver's keep-alive connection first, then be refused once none was left.
     limits = ConnectionLimits(
         handshake_timeout_s=2, header_timeout_s=30, body_timeout_s=30, answer_timeout_s=60, idle_timeout_s=60,
         max_connections=4,
@@ -573,7 +573,7 @@ async def read_answers(reader: asyncio.StreamReader, seconds: float) -> tuple[li
 
 
 async def test_a_client_pipelining_past_the_bound_is_closed(https_server: StartHttpsServer) -> None:
-    # Issue 29.1: a connection could queue hundreds of requests, each owed an answer.
+    # Unbounded, one connection could queue hundreds of requests, each owed an answer.
     limits = replace(SHORT, idle_timeout_s=30, answer_timeout_s=0.5, max_pipelined=4)
     srv = await https_server(ready_app(), limits=limits)
     before = closed_total("pipeline_limit")
@@ -605,8 +605,8 @@ def review_request() -> bytes:
 async def test_a_partial_head_in_the_same_read_as_a_request_has_the_head_deadline(
     https_server: StartHttpsServer, first: str
 ) -> None:
-    # Issue 29.1: the head deadline was cleared when a request completed, so the start of a
-    # second head sent with it lived the idle timeout (120 s) instead of the head's (10 s).
+    # The start of a second head sent with a complete request has the head's deadline, not the
+    # idle timeout of a connection with nothing pending.
     limits = replace(SHORT, idle_timeout_s=60)
     srv = await https_server(ready_app(), limits=limits)
     before = closed_total("header_timeout")
@@ -674,8 +674,8 @@ def test_bytes_after_request(
 async def test_readiness_says_no_room_while_every_connection_is_in_flight_and_the_log_says_it_once(
     https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Issue 29.1: with every admission connection taken, /readyz (on the probe port too) still
-    # answered 200 and nothing was logged.
+    # With every admission connection taken, the replica must say it is not ready (the probe
+    # port answers while the full one cannot) and the log must say so once, not per refusal.
     release = asyncio.Event()
     entered: list[None] = []
 
