@@ -42,3 +42,30 @@ def pod_gpus(pod: Mapping[str, Any]) -> float:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     fraction = float(annotations.get("gpu-fraction", 0)) * float(annotations.get("gpu-fraction-num-devices", 1))
     return whole + fraction
+
+
+def kai_owners(obj: Mapping[str, Any], objects: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The owners KAI's pod grouper reads, nearest first (`podgrouper.getResourceOwners`): the first
+    ownerReference, then that owner's first, up to one without owners. `objects` holds the objects
+    of the namespace by uid; a reference to none of them ends the walk (KAI: the owner is gone)."""
+    chain: list[Mapping[str, Any]] = []
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    while refs:
+        owner = objects.get(refs[0].get("uid", ""))
+        if owner is None:
+            break
+        chain.append(owner)
+        refs = (owner.get("metadata") or {}).get("ownerReferences") or []
+    return chain
+
+
+def kai_preemptible_owned(
+    pod: Mapping[str, Any], objects: Mapping[str, Mapping[str, Any]], classes: Mapping[str, int]
+) -> bool:
+    """`kai_preemptible` of a pod with owners: the preemptibility label of the nearest owner that
+    has a valid one decides before the pod's own (`calcPodGroupPreemptibilityWithDefaults`)."""
+    for owner in kai_owners(pod, objects):
+        said = ((owner.get("metadata") or {}).get("labels") or {}).get("kai.scheduler/preemptibility")
+        if said in ("preemptible", "non-preemptible"):
+            return bool(said == "preemptible")
+    return kai_preemptible(pod, classes)
