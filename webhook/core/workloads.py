@@ -50,7 +50,7 @@ SCALABLE: dict[str, tuple[str, str]] = {
 # An object whose first owner, and controller, is one of these was checked when that owner was
 # applied. Checking it again would refuse the Deployment controller's own ReplicaSet writes
 # mid-rollout, where the old pods still hold their GPUs; the pods are checked (and reserve) when
-# they are created anyway. Run:ai reads such an object's pods from the same owner (`kai_owner`).
+# they are created anyway. That owner is also the one Run:ai reads first (`kai_owner`).
 CHECKED_OWNERS = frozenset({("apps", "Deployment"), ("batch", "CronJob")})
 
 
