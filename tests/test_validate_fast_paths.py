@@ -1,7 +1,8 @@
 """The /validate/pods path's shortcuts give the answers of the full reads they skip (issue 22).
 
-`pod_gpu_request` passes over containers without a GPU resource before reading them in full,
-`runai_pod_refusal` lets a pod without owners or any annotation it reads through at once, and
+`pod_gpu_request` passes over containers asking for CPU, memory or ephemeral storage alone before
+reading them in full, `runai_pod_refusal` lets a pod without owners or any annotation it reads
+through at once, `unreviewed_owner` passes the usual owners with one set lookup, and
 `runai_preemptibility` makes each answer once per PriorityClass record or settings label. Each is
 held here against the full read, on tables and on random pods.
 """
@@ -17,8 +18,13 @@ from hypothesis import strategies as st
 
 from webhook.core import preemptibility
 from webhook.core.gpu_sharing import gpu_sharing_error
-from webhook.core.kinds import GpuRequestError, parse_quantity, pod_gpu_request
-from webhook.core.preemptibility import escapes_pod_grouper, runai_preemptibility, unreviewed_owner
+from webhook.core.kinds import GpuRequestError, kai_owner, parse_quantity, pod_gpu_request
+from webhook.core.preemptibility import (
+    REVIEWED_OWNERS,
+    escapes_pod_grouper,
+    runai_preemptibility,
+    unreviewed_owner,
+)
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.settings import ClusterSettings
 from webhook.snapshot import PriorityClassInfo
@@ -320,3 +326,26 @@ def test_the_memo_is_bounded() -> None:
         cls = PriorityClassInfo(f"c{i}", i)
         runai_preemptibility({}, cls.name, {cls.name: cls}, SETTINGS)
     assert len(preemptibility._class_answers) <= preemptibility._MEMO_LIMIT
+
+
+# -- unreviewed_owner's set lookup of the usual owners ----------------------------------------------
+
+OWNER_REFS = [
+    ("apps/v1", "ReplicaSet"), ("apps/v1beta2", "ReplicaSet"), ("v1", "Pod"), ("batch/v1", "Job"),
+    ("batch/v1", "CronJob"), ("v1", "ReplicationController"), ("apps/v1", "DaemonSet"), ("v1", "ConfigMap"),
+    ("apps/v1", "ControllerRevision"), ("rbac.authorization.k8s.io/v1", "Role"), ("ray.io/v1", "RayCluster"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"), ("example.com/v1", "ReplicaSet"), ("v2", "Pod"), ("", "Pod"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("api_version", "kind"), OWNER_REFS)
+def test_the_usual_owners_lookup_answers_as_the_full_read(api_version: str, kind: str) -> None:
+    meta = {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "o", "uid": "u"}]}
+    owner = kai_owner(meta)
+    assert owner is not None
+    group = owner.group
+    builtin = group in ("", "apps", "batch", "autoscaling", "policy") or (
+        group.endswith(".k8s.io") and not group.endswith(".x-k8s.io")
+    )
+    expected_refused = builtin and (group, kind) not in REVIEWED_OWNERS
+    assert (unreviewed_owner(meta) is not None) is expected_refused

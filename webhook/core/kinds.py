@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.settings import PREEMPTIBLE_KINDS, WORKLOAD_KINDS, WorkloadKindRules
 
@@ -44,9 +43,9 @@ def _group_kind(ref: Mapping[str, Any]) -> tuple[str, str]:
     return (api_version.rpartition("/")[0], kind)  # "batch/v1" -> "batch", "v1" -> ""
 
 
-@dataclass(frozen=True, slots=True)
-class OwnerRef:
-    """An ownerReference as Run:ai's pod grouper follows it."""
+class OwnerRef(NamedTuple):
+    """An ownerReference as Run:ai's pod grouper follows it (a tuple: made on every review of an
+    owned pod, and a tuple is made in C)."""
 
     group: str
     kind: str
@@ -232,8 +231,9 @@ def mig_gpus(resource: str) -> float:
     return float(match[1])
 
 
-def _is_gpu_resource(name: Any) -> bool:
-    return name == GPU_RESOURCE or (type(name) is str and name.startswith(MIG_RESOURCE_PREFIX))
+# What nearly every container asks for, none of it a GPU resource.
+_PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+_PLAIN_AND_WHOLE_GPUS = _PLAIN_RESOURCES | {GPU_RESOURCE}
 
 
 def _container_gpus(container: Mapping[str, Any], key: str, index: int) -> float:
@@ -245,43 +245,41 @@ def _container_gpus(container: Mapping[str, Any], key: str, index: int) -> float
     resources = container.get("resources") or {}
     if type(resources) is not dict and not isinstance(resources, Mapping):
         raise GpuRequestError(f"spec.{key}[{index}].resources must be an object")
-    counted: dict[str, float] = {}
+    whole = 0.0
+    mig: dict[str, float] | None = None
     for section in ("limits", "requests"):
         amounts = resources.get(section) or {}
         if type(amounts) is not dict and not isinstance(amounts, Mapping):
             raise GpuRequestError(f"spec.{key}[{index}].resources.{section} must be an object")
-        for name, value in amounts.items():
-            if not _is_gpu_resource(name):
-                continue
-            try:
-                each = 1.0 if name == GPU_RESOURCE else mig_gpus(name)
-                amount = parse_quantity(value, MAX_GPUS) * each
-            except ValueError as exc:
-                raise GpuRequestError(f"spec.{key}[{index}].resources.{section}[{name}]: {exc}") from None
-            counted[name] = max(counted.get(name, 0.0), amount)
-    return math.fsum(counted.values())
-
-
-def _no_gpu_resource(amounts: Any) -> bool:
-    """A limits or requests map without a GPU resource (None: no map)."""
-    if amounts is None:
-        return True
-    if type(amounts) is not dict:
-        return False  # the full read says what is wrong with it
-    if GPU_RESOURCE in amounts:
-        return False
-    return all(type(name) is str and not name.startswith(MIG_RESOURCE_PREFIX) for name in amounts)
+        name = GPU_RESOURCE
+        try:
+            if GPU_RESOURCE in amounts:
+                whole = max(whole, parse_quantity(amounts[GPU_RESOURCE], MAX_GPUS))
+            if _PLAIN_AND_WHOLE_GPUS.issuperset(amounts):
+                continue  # nearly every container: no MIG resource to look for
+            for name, value in amounts.items():
+                if type(name) is str and name.startswith(MIG_RESOURCE_PREFIX):
+                    mig = mig if mig is not None else {}
+                    mig[name] = max(mig.get(name, 0.0), parse_quantity(value, MAX_GPUS) * mig_gpus(name))
+        except ValueError as exc:
+            raise GpuRequestError(f"spec.{key}[{index}].resources.{section}[{name}]: {exc}") from None
+    return whole + math.fsum(mig.values()) if mig else whole
 
 
 def _one_container_gpus(container: Any, key: str, index: int) -> float:
     """The GPUs of one container under `key` (0 for an entry that is not an object)."""
     if type(container) is dict:
         # Admission and the pod cache read every container of every pod, and nearly none asks
-        # for a GPU: plain dicts without a GPU resource are passed over here, before the full
-        # read above (which would find 0 GPUs and no error in them).
+        # for a GPU: plain dicts asking for CPU, memory or ephemeral storage alone are passed over
+        # here, with two set checks in C, before the full read above (which would find 0 GPUs
+        # and no error in them); any other container takes the full read.
         resources = container.get("resources")
         if type(resources) is dict:
-            if _no_gpu_resource(resources.get("limits")) and _no_gpu_resource(resources.get("requests")):
+            limits = resources.get("limits")
+            requests = resources.get("requests")
+            if (limits is None or (type(limits) is dict and _PLAIN_RESOURCES.issuperset(limits))) and (
+                requests is None or (type(requests) is dict and _PLAIN_RESOURCES.issuperset(requests))
+            ):
                 return 0.0
         elif resources is None:
             return 0.0

@@ -178,7 +178,7 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
     )
     if seen.preemptible:
         return Decision.allow()  # Run:ai may preempt it, so it may run over quota on idle GPUs
-    claims = dra_claims(target.spec)
+    claims = dra_claims(target.spec) if target.spec.get("resourceClaims") else None
     if claims:
         return Decision.deny(uncounted_claims_message("this pod", claims), code=403, reason=Reason.FORBIDDEN)
     if gpus <= 0:

@@ -22,7 +22,7 @@ def runai_pod_refusal(pod: Mapping[str, Any]) -> Decision | None:
     """A pod Run:ai's admission would refuse (its GPU-sharing grammar), or one that would escape
     the preemptibility the webhook gives it: refused with the reason, before anything counts it."""
     meta = pod.get("metadata")
-    if isinstance(meta, Mapping) and meta.get("ownerReferences"):
+    if (type(meta) is dict or isinstance(meta, Mapping)) and meta.get("ownerReferences"):
         owner = unreviewed_owner(meta)
         if owner is not None:
             return Decision.deny(
