@@ -18,7 +18,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
+.PHONY: image run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
 
 $(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
@@ -104,6 +104,11 @@ bench-instructions: $(STAMP)
 # from the Go modules pinned under hack/peers/ into $(PEERS_DIR)/bin; a second run builds nothing.
 peers:
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh $(PEERS)
+
+# The image from the Dockerfile, on a Python base assembled from Debian's packages, as an OCI archive in
+# $(PEERS_DIR)/image (hack/image/build.sh; needs root for mmdebstrap and buildah, installed when missing).
+image:
+	@PEERS_DIR=$(PEERS_DIR) hack/image/build.sh
 
 # Keeps certs/cluster: that CA is what a cluster trusts.
 clean:

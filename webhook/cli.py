@@ -45,13 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(kubelet probes send none); 0: only on --port",
     )
     serve.add_argument(
+        "--admission-port",
+        type=int,
+        default=None,
+        help="serve the admission webhooks (/mutate/*, /validate/*) here and only here; --client-ca and "
+        "--client-name then apply to this port alone, and --port keeps the console and the APIs "
+        "(default: the webhooks on --port with everything else)",
+    )
+    serve.add_argument(
         "--reuse-port",
         action="store_true",
         help="let other processes listen on the same address and port (SO_REUSEPORT): the kernel spreads "
         "new connections over them",
     )
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
-    serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
+    serve.add_argument(
+        "--client-ca",
+        default=None,
+        help="require a client certificate from this CA on the admission port (on --port without --admission-port)",
+    )
+    serve.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        help="with --client-ca: admit only client certificates naming this (common name or DNS name; repeatable)",
+    )
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")
     serve.add_argument(
         "--console-keys",
@@ -64,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="identity allowed to change run_ai_enable: a username, or group:NAME (repeatable; "
         "also $SCHEDULING_WEBHOOK_INSTALLERS, comma-separated)",
+    )
+    serve.add_argument(
+        "--pod-grouper",
+        action="append",
+        default=[],
+        help="identity of KAI's pod grouper, which may set a pod's pod-group-name annotation: a username, or "
+        "group:NAME (repeatable; also $SCHEDULING_WEBHOOK_POD_GROUPERS, comma-separated)",
     )
     serve.add_argument(
         "--service-account",
@@ -108,10 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = command(
         "uninstall-cleanup",
         "after the chart's objects are gone (its uninstall Job): take this system's finalizer, label and "
-        "annotations off the project namespaces, delete its reservation ConfigMaps and Lease",
+        "annotations off the namespaces carrying them, delete its reservation ConfigMaps and Lease",
     )
     cleanup.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     cleanup.add_argument("--wait-s", type=float, default=120, help="how long to wait for the server's pods to end")
+    cleanup.add_argument(
+        "--guard-policy",
+        default="",
+        help="a ValidatingAdmissionPolicy that must be refusing this identity's other namespace edits before "
+        "any namespace is patched (the chart's uninstall Job names its own); empty: do not wait for one",
+    )
 
     review = command(
         "review",

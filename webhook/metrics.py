@@ -174,7 +174,8 @@ CONNECTIONS_OPEN = Gauge(
 CONNECTIONS_CLOSED = Counter(
     "webhook_connections_closed_total",
     "Connections closed by the server to bound what idle or hostile clients hold, by listener and reason.",
-    # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout
+    # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout,
+    # client_refused (a client certificate naming none of the accepted clients)
     ["listener", "reason"],
     registry=REGISTRY,
 )

@@ -259,6 +259,10 @@ class ClusterSettings(_Strict):
     # How often every replica re-reads Run:ai's projects and departments (quota numbers, drift).
     # A project bound in between is looked up on demand, so this is about freshness, not safety.
     run_ai_directory_refresh_s: float = Field(default=15, ge=1)
+    # How long a GPU reservation counts for a pod the pod watch has not shown yet. It covers the
+    # watch's lag behind the apiserver; it is short because a review nobody stored (forged, or
+    # refused by a later webhook) holds the project's GPUs for that long, and no longer.
+    gpu_reservation_confirm_s: float = Field(default=10, ge=1, le=120)
     kueue_installed: bool = False
     kueue_project_default_local_queue: str = "default"
     kueue_system_jobs_local_queue: str = "system"

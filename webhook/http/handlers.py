@@ -21,6 +21,7 @@ from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
+from webhook.core.pod_updates import validate_pod_update
 from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, unseen_namespace
 from webhook.core.workloads import validate_workload
@@ -60,6 +61,7 @@ def admission_handlers(
             "/validate/pods": cached_pods_handler(state),
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
+            "/validate/pod-updates": pod_updates_handler(state, guard),
         }
     read = cluster.read_namespace
     return {
@@ -72,6 +74,8 @@ def admission_handlers(
         ),
         "/validate/workloads": cached_workloads_handler(state),
         "/validate/settings": settings_handler(state, guard, cluster.runai_departments),
+        # Old and new pod are both in the review: no namespace or other cache is read.
+        "/validate/pod-updates": pod_updates_handler(state, guard),
     }
 
 
@@ -146,5 +150,14 @@ def settings_handler(
 ) -> AdmissionHandler:
     async def handle(request: Mapping[str, Any]) -> Decision:
         return validate_settings_request(request, state.snapshot(), config, runai_departments())
+
+    return handle
+
+
+def pod_updates_handler(state: ClusterState, config: GuardConfig) -> AdmissionHandler:
+    """A pod's scheduling labels and annotations stay as admitted (`core.pod_updates`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return validate_pod_update(request, state.snapshot().settings, config)
 
     return handle
