@@ -1059,3 +1059,22 @@ def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_its
     }
     assert c["args"][-2:] == ["--guard-policy", policy["metadata"]["name"]]
     assert not hooks({"uninstallCleanup": {"enabled": False}})
+
+
+def test_the_log_values_become_the_servers_log_options() -> None:
+    def args(values: dict[str, Any] | None) -> list[str]:
+        deployment = next(o for o in chart.render(values) if o["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return list(container["args"])
+
+    default = args(None)
+    assert default[:5] == ["serve", "--log-level", "INFO", "--log-format", "text"]
+    assert args({"log": {"level": "DEBUG", "format": "json"}})[:5] == [
+        "serve",
+        "--log-level",
+        "DEBUG",
+        "--log-format",
+        "json",
+    ]
+    with pytest.raises(HelmFailed):
+        chart.render({"log": {"format": "logfmt"}})

@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from errno import EADDRINUSE
@@ -286,6 +287,12 @@ class Runtime:
             log.info(
                 "probes and metrics on https://%s:%d (no client certificate asked)", self.options.host, probes.port
             )
+        if self.options.state_dir is not None:
+            # The address to open, once every listener answers: the dev certificate names localhost.
+            from webhook.local_mode import is_loopback
+
+            host = "localhost" if is_loopback(self.options.host) else self.options.host
+            log.info("console on https://%s:%d/ui/", host, main.port)
         tune_garbage_collector()
 
     async def _start_state(self) -> None:
@@ -391,7 +398,17 @@ class Runtime:
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
+        started = time.monotonic()
+        draining = self.app is not None
         if self.app is not None:
+            # Said at the start and at the end: a stop takes seconds by design, and a silent one
+            # cannot be told from a hung one.
+            log.info(
+                "draining: /readyz answers 503; still serving for %.1f s while endpoints drop this replica, "
+                "then in-flight requests get up to %.0f s",
+                self.options.drain_seconds,
+                self.options.shutdown_timeout,
+            )
             self.app[SERVER_KEY].draining = True
             await asyncio.sleep(self.options.drain_seconds)
         for listener in self._listeners:
@@ -406,6 +423,8 @@ class Runtime:
             await part.stop()
         if self.api_client is not None:
             await self.api_client.close()
+        if draining:
+            log.info("drained and stopped in %.1f s", time.monotonic() - started)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -426,12 +445,13 @@ def run_server(args: argparse.Namespace) -> int:
 
 async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> None:
     runtime = Runtime(options)
-    await runtime.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before the start: a SIGTERM while it starts is a stop, with the drain, once it has started.
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
     try:
         await stop.wait()
     finally:
