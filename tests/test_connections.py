@@ -13,8 +13,10 @@ import contextlib
 import json
 import logging
 import shutil
+import socket
 import ssl
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +34,13 @@ from tests.support.https import (
     client_ssl_context,
     free_port,
     make_cert_files,
+    wait_until,
 )
 from tests.support.reviews import pod_review
 from webhook.core.decision import Decision
-from webhook.http.app import STATE_KEY
-from webhook.http.listener import ConnectionLimits
+from webhook.http.app import SERVER_KEY, STATE_KEY, create_probe_app
+from webhook.http.listener import ConnectionLimits, Listener, bytes_after_request
+from webhook.metrics import REGISTRY
 from webhook.runtime import Runtime, ServeOptions
 from webhook.tls.watcher import make_client_ssl_context
 
@@ -447,3 +451,276 @@ async def test_a_route_that_raises_logs_an_escaped_path(
     message = record.getMessage()
     assert "\n" not in message and len(message) < 400, message[:500]
     assert "\\nFORGED" in message
+
+
+# -- answers not read, pipelining, and the head deadline of every request --------------------------
+
+BIG_ANSWER_BYTES = 512 * 1024  # far above what the kernel's buffers take for a client that never reads
+
+
+async def big_answer(request: web.Request) -> web.Response:
+    size = int(request.query.get("bytes", BIG_ANSWER_BYTES))
+    return web.Response(body=b"x" * size, content_type="application/octet-stream")
+
+
+def big_answer_app() -> web.Application:
+    return cache_app(ready_app()[STATE_KEY], routes=[web.get("/big", big_answer)])
+
+
+GET_BIG = f"GET /big HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode()
+
+
+async def unread_connection(port: int, ctx: ssl.SSLContext) -> tuple[socket.socket, asyncio.StreamWriter]:
+    """A TLS connection from a socket with a small receive buffer that stops reading after the
+    handshake, below TLS too: what the server writes to it stays in the server's buffers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (LOOPBACK, port))
+    _, writer = await asyncio.open_connection(sock=sock, ssl=ctx, server_hostname=SERVICE_HOST)
+    writer.transport.pause_reading()  # type: ignore[attr-defined]  # a Transport, typed as WriteTransport
+    writer.transport._ssl_protocol._transport.pause_reading()  # type: ignore[attr-defined]
+    return sock, writer
+
+
+def established(sock: socket.socket) -> bool:
+    """The kernel's TCP state (reading the socket would take the answers this test must leave)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 1  # TCP_ESTABLISHED
+
+
+def closed_total(reason: str) -> float:
+    return REGISTRY.get_sample_value("webhook_connections_closed_total", {"listener": "test", "reason": reason}) or 0.0
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        BIG_ANSWER_BYTES,  # most of it held in this process: the handler waits in drain()
+        40 * 1024,  # all of it in the kernel's send queue, which the client never acknowledges
+    ],
+)
+async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_deadline(
+    https_server: StartHttpsServer, size: int
+) -> None:
+    # Without a deadline on writing, a client that never reads would hold its connection, the
+    # handler in drain() and the answer's memory for good.
+    limits = ConnectionLimits(
+        handshake_timeout_s=2, header_timeout_s=0.5, answer_timeout_s=0.5, idle_timeout_s=60, max_connections=64
+    )
+    srv = await https_server(big_answer_app(), limits=limits)
+    before = closed_total("answer_timeout")
+    sock, writer = await unread_connection(srv.port, srv.client_ssl_context())
+    writer.write(f"GET /big?bytes={size} HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode())
+    await wait_until(lambda: not established(sock), within=20, what="the server to close the connection")
+    assert closed_total("answer_timeout") == before + 1
+    assert srv.listener.open_connections == 0
+    writer.transport.abort()
+    sock.close()
+
+
+async def test_at_the_cap_connections_not_reading_their_answers_make_room_before_a_served_one(
+    https_server: StartHttpsServer,
+) -> None:
+    # Counted as requests in flight, connections whose answers are not read would make newcomers
+    # evict the apiserver's keep-alive connection first, then be refused once none was left.
+    limits = ConnectionLimits(
+        handshake_timeout_s=2, header_timeout_s=30, body_timeout_s=30, answer_timeout_s=60, idle_timeout_s=60,
+        max_connections=4,
+    )  # fmt: skip
+    srv = await https_server(big_answer_app(), limits=limits)
+    ctx = srv.client_ssl_context()
+    working = await connect(srv.port, ctx)  # as the apiserver: one kept-alive connection
+    assert await answer_status(*working, GET_READYZ) == 200
+    unread = [await unread_connection(srv.port, ctx) for _ in range(3)]
+    for _, writer in unread:
+        writer.write(GET_BIG)
+    await wait_until(
+        lambda: sum(1 for c in srv.listener.connections() if c.unsent_bytes()) == 3,
+        within=10,
+        what="three answers held for clients that do not read",
+    )
+    newcomers = []
+    for _ in range(3):  # each newcomer takes the room of one that does not read
+        newcomers.append(await connect(srv.port, ctx))
+        assert await answer_status(*newcomers[-1], GET_READYZ) == 200
+    await wait_until(lambda: not any(established(sock) for sock, _ in unread), within=10, what="evictions")
+    assert await answer_status(*working, GET_READYZ) == 200  # the served one is still open
+    for sock, writer in unread:
+        writer.transport.abort()
+        sock.close()
+    for _, writer in [working, *newcomers]:
+        writer.close()
+
+
+async def read_answers(reader: asyncio.StreamReader, seconds: float) -> tuple[list[int], bool]:
+    """The statuses of the answers that arrive within `seconds`, and whether the server closed."""
+    statuses: list[int] = []
+    try:
+        async with asyncio.timeout(seconds):
+            while line := await reader.readline():
+                status = int(line.split()[1])
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b""):
+                    if header.lower().startswith(b"content-length:"):
+                        length = int(header.split(b":")[1])
+                await reader.readexactly(length)
+                statuses.append(status)
+    except TimeoutError:
+        return statuses, False
+    except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        pass
+    return statuses, True
+
+
+async def test_a_client_pipelining_past_the_bound_is_closed(https_server: StartHttpsServer) -> None:
+    # Unbounded, one connection could queue hundreds of requests, each owed an answer.
+    limits = replace(SHORT, idle_timeout_s=30, answer_timeout_s=0.5, max_pipelined=4)
+    srv = await https_server(ready_app(), limits=limits)
+    before = closed_total("pipeline_limit")
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    writer.write(GET_READYZ * 4)  # as deep as the bound: all answered, the connection stays
+    statuses, closed = await read_answers(reader, 1.0)
+    assert statuses == [200] * 4 and not closed
+    writer.write(GET_READYZ * 40)
+    # Past the bound the client gets one 429, and the connection is reset at the answer deadline.
+    statuses, closed = await read_answers(reader, 10.0)
+    assert closed and statuses == [429]
+    assert closed_total("pipeline_limit") == before + 1
+    writer.close()
+
+
+PARTIAL_HEAD = f"GET /readyz HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nX-Slow: ".encode()
+
+
+def review_request() -> bytes:
+    body = json.dumps(pod_review("churn")).encode()
+    head = (
+        f"POST /mutate/pods HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+@pytest.mark.parametrize("first", ["get", "review"])
+async def test_a_partial_head_in_the_same_read_as_a_request_has_the_head_deadline(
+    https_server: StartHttpsServer, first: str
+) -> None:
+    # The start of a second head sent with a complete request has the head's deadline, not the
+    # idle timeout of a connection with nothing pending.
+    limits = replace(SHORT, idle_timeout_s=60)
+    srv = await https_server(ready_app(), limits=limits)
+    before = closed_total("header_timeout")
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    writer.write((GET_READYZ if first == "get" else review_request()) + PARTIAL_HEAD)
+    statuses, closed = await read_answers(reader, 20.0)
+    assert statuses == [200] and closed
+    assert closed_total("header_timeout") == before + 1
+    writer.close()
+
+
+@pytest.mark.parametrize("split", ["get", "review", "review, body apart", "two reviews"])
+async def test_a_request_that_ends_its_read_leaves_the_connection_idle_past_the_head_deadline(
+    https_server: StartHttpsServer, split: str
+) -> None:
+    srv = await https_server(ready_app(), limits=replace(SHORT, idle_timeout_s=60))
+    reader, writer = await connect(srv.port, srv.client_ssl_context())
+    review = review_request()
+    body_at = review.index(b"\r\n\r\n") + 4
+    reads = {
+        "get": [GET_READYZ],
+        "review": [review],
+        "review, body apart": [review[:body_at], review[body_at:]],
+        "two reviews": [review, review],
+    }[split]
+    for data in reads:
+        writer.write(data)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+    statuses, closed = await read_answers(reader, 1.5)  # three head deadlines
+    assert statuses == [200] * len([r for r in reads if r.startswith((b"GET", b"POST"))]) and not closed
+    writer.close()
+
+
+CR_LF = b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("segment", "carry", "body_left", "heads", "length", "after"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", b"", 0, 1, 0, False),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HT", b"", 0, 1, 0, True),
+        (b"\n", b"a\r\n\r", 0, 1, 0, False),  # the blank line split between two reads
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"", 0, 1, 2, False),
+        (b"\n{}", b"1\r\n\r", 0, 1, 2, False),  # a head's blank line split, then its body
+        (b"\n{}G", b"1\r\n\r", 0, 1, 2, True),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}G", b"", 0, 1, 2, True),
+        (b"POST / HTTP/1.1\r\nContent-Length: 6\r\n\r\n{\r\n\r\n}", b"", 0, 1, 6, False),
+        (b"}", b"", 1, 0, 0, False),  # the rest of a body begun earlier
+        (b"}GET", b"", 1, 0, 0, True),
+        (b"}POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"", 1, 1, 2, False),
+        (b"\r\n\r\n}POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"", 5, 1, 2, False),
+        (b"}POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}P", b"", 1, 1, 2, True),
+        (b"0\r\n\r\n", b"", None, 0, 0, False),  # a chunked body's last chunk
+        (b"0\r\n\r\nGET", b"", None, 0, 0, True),
+        (b"a" * 10, b"", 0, 2, 4, True),  # several bodies in one read: not told apart, so True
+    ],
+)
+def test_bytes_after_request(
+    segment: bytes, carry: bytes, body_left: int | None, heads: int, length: int | None, after: bool
+) -> None:
+    assert bytes_after_request(segment, carry, body_left, heads, length) is after
+
+
+async def test_readiness_says_no_room_while_every_connection_is_in_flight_and_the_log_says_it_once(
+    https_server: StartHttpsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With every admission connection taken, the replica must say it is not ready (the probe
+    # port answers while the full one cannot) and the log must say so once, not per refusal.
+    release = asyncio.Event()
+    entered: list[None] = []
+
+    async def held(_: Any) -> Decision:
+        entered.append(None)
+        await release.wait()
+        return Decision.allow()
+
+    limits = ConnectionLimits(handshake_timeout_s=2, header_timeout_s=30, idle_timeout_s=30, max_connections=2)
+    app = cache_app(ready_app()[STATE_KEY], handlers={"/mutate/pods": held})
+    srv = await https_server(app, limits=limits)
+    srv.app[SERVER_KEY].readiness.append(srv.listener.no_room)  # as Runtime does for its admission port
+    probes_runner = web.AppRunner(create_probe_app(srv.app), access_log=None)
+    await probes_runner.setup()
+    probes = Listener(probes_runner, LOOPBACK, 0, srv.watcher.ssl_context, SHORT, "test-probes")
+    await probes.start()
+    try:
+        assert await probe(probes.port, "/readyz") == 200
+        ctx = srv.client_ssl_context()
+        in_flight = [await connect(srv.port, ctx) for _ in range(2)]
+        for _, writer in in_flight:
+            writer.write(review_request())
+        await wait_until(lambda: len(entered) == 2, what="both reviews in the handler")
+        with caplog.at_level(logging.INFO, logger="webhook.http.listener"):
+            async with (
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=kubelet_context())) as session,
+                session.get(f"https://{LOOPBACK}:{probes.port}/readyz") as resp,
+            ):
+                assert resp.status == 503
+                assert any("connections" in w for w in (await resp.json())["waiting_for"])
+            for _ in range(3):
+                with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+                    extra = await connect(srv.port, ctx)
+                    await answer_status(*extra, GET_READYZ)
+            release.set()
+            for reader, _ in in_flight:
+                assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200 ")
+            assert await probe(probes.port, "/readyz") == 200
+            again = await connect(srv.port, ctx)
+            assert await answer_status(*again, GET_READYZ) == 200
+        lines = [r.getMessage() for r in caplog.records if r.name == "webhook.http.listener"]
+        assert len([m for m in lines if "refusing new ones" in m]) == 1, lines
+        assert len([m for m in lines if "accepting new connections again" in m]) == 1, lines
+        for _, writer in [*in_flight, again]:
+            writer.close()
+    finally:
+        await probes.stop()
+        await probes_runner.cleanup()

@@ -181,7 +181,8 @@ CONNECTIONS_CLOSED = Counter(
     "webhook_connections_closed_total",
     "Connections closed by the server to bound what idle or hostile clients hold, by listener and reason.",
     # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout,
-    # client_refused (a client certificate naming none of the accepted clients)
+    # client_refused (a client certificate naming none of the accepted clients), answer_timeout
+    # (answers not read), pipeline_limit (too many requests ahead of their answers)
     ["listener", "reason"],
     registry=REGISTRY,
 )

@@ -37,7 +37,13 @@ from webhook.http.app import (
     create_probe_app,
 )
 from webhook.http.handlers import ClusterParts, admission_handlers
-from webhook.http.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
+from webhook.http.listener import (
+    DEFAULT_ANSWER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PIPELINED,
+    ConnectionLimits,
+    Listener,
+)
 from webhook.state.folder import FolderSource, StateFolderError
 from webhook.state.store import ClusterState
 
@@ -104,7 +110,9 @@ class ServeOptions:
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
             connection_limits=ConnectionLimits(
-                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS))
+                max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS)),
+                answer_timeout_s=float(os.environ.get("WEBHOOK_ANSWER_TIMEOUT_SECONDS", DEFAULT_ANSWER_TIMEOUT_S)),
+                max_pipelined=int(os.environ.get("WEBHOOK_MAX_PIPELINED", DEFAULT_MAX_PIPELINED)),
             ),
             access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
         )
@@ -245,6 +253,7 @@ class Runtime:
         await main.start()
         self._listeners.append(main)
         log.info("serving on https://%s:%d", self.options.host, main.port)
+        admitting = main  # the listener the apiserver calls
         if options.admission_port is not None:
             self.admission_runner = web.AppRunner(
                 create_admission_app(self.app, handlers),
@@ -261,12 +270,16 @@ class Runtime:
             await admission.start()
             self._listeners.append(admission)
             self.admission_port = admission.port
+            admitting = admission
             log.info(
                 "admission webhooks on https://%s:%d (%s)",
                 options.host,
                 admission.port,
                 "client certificate required" if options.client_ca else "no client certificate asked",
             )
+        # Unready while the listener the apiserver calls refuses newcomers: the Service then sends
+        # the apiserver to a replica that takes them (the probe port's /readyz says it too).
+        self.app[SERVER_KEY].readiness.append(admitting.no_room)
         if self.options.probe_port is not None:
             self.probe_runner = web.AppRunner(
                 create_probe_app(self.app), handle_signals=False, access_log=None, shutdown_timeout=1.0

@@ -5,7 +5,8 @@ accept order. At the cap the listener asks `make_room()` for victims rather than
 newcomer, and closes them:
 
 1. first, connections that never completed a request (handshaking, silent, dribbling a head or a
-   body) or that are closing already: the oldest accepted first;
+   body), that are closing already, or whose client is not reading its answers (answer bytes
+   left unacknowledged: `not_reading` in webhook.http.listener): the oldest accepted first;
 2. only when there are none, connections that completed a request and are now idle or receiving
    the next one, longest since their last request began first (a batch of them, as finding them
    means reading the whole table);
@@ -22,10 +23,11 @@ attacker with many pods has many addresses (docs/ARCHITECTURE.md, "Connections")
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 # Tiers of `Tracked.eviction_rank`: the lower goes first.
-NEVER_SERVED = 1  # or closing already
+NEVER_SERVED = 1  # or closing already, or not reading its answers
 SERVED = 2
 
 
@@ -49,11 +51,19 @@ class ConnectionTable(Generic[C]):
     def __len__(self) -> int:
         return len(self._open)
 
+    def __iter__(self) -> Iterator[C]:
+        return iter(self._open)
+
     def add(self, connection: C) -> None:
         self._open[connection] = None
 
     def discard(self, connection: C) -> None:
         self._open.pop(connection, None)
+
+    def has_room(self, cap: int) -> bool:
+        """Whether a newcomer would get in: fewer than `cap` open, or one that `make_room` would
+        close for it."""
+        return len(self._open) < cap or any(c.eviction_rank() is not None for c in self._open)
 
     def make_room(self) -> list[C]:
         """The connections to close for one newcomer, already out of the table; [] when every
