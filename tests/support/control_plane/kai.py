@@ -25,8 +25,12 @@ configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue lab
   `admission.kai-scheduler.svc`, is where controller-runtime reads it by default:
   `$TMPDIR/k8s-webhook-server/serving-certs`, TMPDIR being this harness's folder.
 - Each command talks to the apiserver as the admin (`KUBECONFIG`): KAI's RBAC is not what these
-  tests are about. Metrics and probes listen on 127.0.0.1; the queue and pod-group controllers'
-  own webhooks (Queue and PodGroup validation) are off: no test writes a bad Queue or PodGroup.
+  tests are about. Metrics and probes listen on 127.0.0.1 (the scheduler's plugin server, like
+  the webhook server, takes only a port); the queue and pod-group controllers' own webhooks (Queue
+  and PodGroup validation) are off: no test writes a bad Queue or PodGroup.
+- kwok runs no container, so the container of KAI's GPU reservation pods (it writes the GPU it was
+  given on its pod, which the binder waits for) is played by the tests that need it
+  (tests/e2e/test_kai.py, `with_reservations_played`).
 """
 
 from __future__ import annotations
@@ -184,9 +188,13 @@ def start_kai(cp: ControlPlane, dir: Path) -> Kai:
     crds = peers.share("kai/crds")
     dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    for ns in (NAMESPACE, RESERVATION_NAMESPACE):
-        cp.kubectl("create", "namespace", ns)
-    cp.kubectl("create", "serviceaccount", RESERVATION_NAMESPACE, "-n", RESERVATION_NAMESPACE)
+    # Applied, not created: a second KAI on the same control plane (another module) finds them there.
+    cp.apply([
+        *({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+          for n in (NAMESPACE, RESERVATION_NAMESPACE)),
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": RESERVATION_NAMESPACE, "namespace": RESERVATION_NAMESPACE}},
+    ])  # fmt: skip
     files = sorted(crds.glob("*.yaml"))
     for f in files:
         cp.kubectl("apply", "--server-side", "-f", str(f))
@@ -209,25 +217,25 @@ def start_kai(cp: ControlPlane, dir: Path) -> Kai:
     env = {"KUBECONFIG": str(cp.admin_kubeconfig)}
     probes = {name: free_port() for name in COMMANDS}
 
-    def local(name: str) -> str:
+    def local() -> str:
         return f"{LOOPBACK}:{free_port()}"
 
     def controller_runtime(name: str) -> list[str]:
-        return [f"--metrics-bind-address={local(name)}", f"--health-probe-bind-address={LOOPBACK}:{probes[name]}"]
+        return [f"--metrics-bind-address={local()}", f"--health-probe-bind-address={LOOPBACK}:{probes[name]}"]
 
     argv: dict[str, list[str]] = {
         "podgrouper": [f"--scheduler-name={SCHEDULER_NAME}", f"--queue-label-key={QUEUE_LABEL}",
                        *controller_runtime("podgrouper")],
         "scheduler": [f"--scheduler-name={SCHEDULER_NAME}", f"--namespace={NAMESPACE}",
                       f"--queue-label-key={QUEUE_LABEL}", f"--resource-reservation-app-label={RESERVATION_NAMESPACE}",
-                      f"--listen-address={local('scheduler')}", f"--plugin-server-port={free_port()}"],
+                      f"--listen-address={local()}", f"--plugin-server-port={free_port()}"],
         "binder": [f"--scheduler-name={SCHEDULER_NAME}", f"--resource-reservation-namespace={RESERVATION_NAMESPACE}",
                    f"--resource-reservation-service-account={RESERVATION_NAMESPACE}",
                    f"--resource-reservation-app-label={RESERVATION_NAMESPACE}", "--fake-gpu-nodes",
                    *controller_runtime("binder")],
         "podgroupcontroller": [f"--scheduler-name={SCHEDULER_NAME}", "--enable-podgroup-webhook=false",
                                *controller_runtime("podgroupcontroller")],
-        "queuecontroller": [f"--metrics-listen-address={local('queuecontroller')}", "--enable-webhook=false"],
+        "queuecontroller": [f"--metrics-listen-address={local()}", "--enable-webhook=false"],
         "admission": [f"--scheduler-name={SCHEDULER_NAME}", f"--webhook-addr={port}", "--gpu-sharing-enabled=true",
                       "--gpu-fraction-runtime-class-name=", "--fake-gpu-nodes", *controller_runtime("admission")],
     }  # fmt: skip
