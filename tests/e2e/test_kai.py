@@ -46,6 +46,8 @@ from tests.support.control_plane.kai import (
     set_department_quota,
 )
 from tests.support.control_plane.pod_runner import KEEP_RUNNING_ANNOTATION
+from tests.test_gpu_sharing import CASES as GPU_SHARING_CASES
+from webhook.core.gpu_sharing import MAX_ANNOTATION_CHARS
 
 pytestmark = pytest.mark.slow
 
@@ -546,3 +548,33 @@ async def test_a_department_with_less_quota_than_its_projects(cluster: Cluster, 
 
     q = await cluster.eventually(moved, "the project's Queue under kai-dept2", 30)
     assert q["spec"]["resources"]["gpu"]["quota"] == 0, q["spec"]
+
+
+async def test_kais_real_validator_refuses_what_our_gpu_sharing_table_refuses(cluster: Cluster, kai: Kai) -> None:
+    """Every row of our GPU-sharing table (tests/test_gpu_sharing.py, written from KAI's own tests)
+    through KAI's real admission: a pod naming `runai-scheduler` in a namespace labelled for Run:ai
+    that is not a project (ours does not see it), created with `--dry-run=server` so that KAI's
+    mutating and validating webhooks both judge it. KAI refuses exactly the rows we refuse, but one."""
+    project = await bound_project(cluster, kai, "kai-grammar")
+    outside = await cluster.plain_namespace("kai-grammar-outside")
+    await cluster.ok("label", "namespace", outside, f"{QUEUE_LABEL}={project}")
+    verdicts: dict[str, tuple[bool, bool, str]] = {}
+    for i, (case, spec, refused) in enumerate(GPU_SHARING_CASES):
+        obj: Obj = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"grammar-{i}", "namespace": outside,
+                         "annotations": dict(spec["metadata"]["annotations"])},
+            "spec": {"schedulerName": SCHEDULER_NAME,
+                     "containers": [{**c, "image": "registry.example/nb:1"} for c in spec["spec"]["containers"]]},
+        }  # fmt: skip
+        if "initContainers" in spec["spec"]:
+            init = [{**c, "image": "registry.example/nb:1"} for c in spec["spec"]["initContainers"]]
+            obj["spec"]["initContainers"] = init
+        result = await cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
+        verdicts[case] = (refused is not None, result.rc != 0, result.stderr.strip()[-200:])
+    disagreements = {case for case, (ours, theirs, _) in verdicts.items() if ours != theirs}
+    # The one row where we part from KAI on purpose: a value longer than MAX_ANNOTATION_CHARS is
+    # refused unparsed (bounded work on hostile input); KAI parses any length and admits it.
+    assert disagreements == {"a long hostile fraction"}, {c: verdicts[c] for c in disagreements}
+    assert verdicts["a long hostile fraction"][:2] == (True, False)
+    assert MAX_ANNOTATION_CHARS < 5002
