@@ -18,6 +18,12 @@ COPY webhook ./webhook
 RUN pip wheel --no-deps --wheel-dir /app .
 
 FROM ${PYTHON_IMAGE} AS runtime
+# The release's version (`make image` passes pyproject's); labels as the OCI image spec names them.
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="scheduling-webhook" \
+      org.opencontainers.image.description="Kubernetes admission webhook: scheduling, Run:ai binding and GPU quota for a data-science platform" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -36,7 +42,8 @@ RUN --mount=type=bind,from=builder,source=/app,target=/app \
     pip install --no-index --find-links=/app -c /constraints.txt scheduling-webhook
 # Numeric, so the kubelet can verify runAsNonRoot without looking the name up.
 USER 10001:10001
-EXPOSE 8443
+# The chart's ports: admission 9443, the console and the APIs 8443, probes and /metrics 8444.
+EXPOSE 8443 8444 9443
 ENTRYPOINT ["scheduling-webhook"]
 # Certificates and the Run:ai client secret are mounted at run time; nothing secret is in the image.
 CMD ["serve", "--certs", "/certs", "--port", "8443"]

@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# What running needs (make run, make certs): the package and its runtime dependencies only; the test
+# and lint tools come with $(STAMP), on top.
+RUN_STAMP := $(VENV)/.installed-run
 STATE  ?= examples/cluster
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
@@ -18,15 +21,23 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
+.PHONY: image run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
 
-$(STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
+# setuptools warns on every editable install that a folder named like the package could shadow
+# it; here that folder is the package itself, so the warning says nothing to the reader.
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(BIN)/pip install --quiet -c constraints.txt
+
+$(RUN_STAMP): pyproject.toml constraints.txt $(if $(VENV_STALE),FORCE)
 	$(if $(PY_INFO),,$(error cannot run $(PYTHON); set PYTHON to a Python 3.11+ interpreter))
 	$(if $(filter True,$(word 2,$(PY_INFO))),,$(error $(PYTHON) is Python $(word 1,$(PY_INFO)); scheduling-webhook needs 3.11+: make PYTHON=python3.11 ...))
 	$(if $(and $(VENV_STALE),$(VENV_PY_INFO)),rm -rf $(VENV)  # made by Python $(word 1,$(VENV_PY_INFO)))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	$(PIP_INSTALL) -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	$(PIP_INSTALL) -e '.[test]'
 	touch $(STAMP)
 
 FORCE:
@@ -35,7 +46,7 @@ venv: $(STAMP)
 
 # Runs every time (it is quick): keeps a valid certificate for localhost and 127.0.0.1, and issues a
 # new one when it is missing, expiring, from another CA or for other names.
-certs: $(STAMP)
+certs: $(RUN_STAMP)
 	$(BIN)/scheduling-webhook certs --out $(DEV_CERTS) --hostname localhost --ip 127.0.0.1 --keep-valid
 
 run: certs
@@ -104,6 +115,11 @@ bench-instructions: $(STAMP)
 # from the Go modules pinned under hack/peers/ into $(PEERS_DIR)/bin; a second run builds nothing.
 peers:
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh $(PEERS)
+
+# The image from the Dockerfile, on a Python base assembled from Debian's packages, as an OCI archive in
+# $(PEERS_DIR)/image (hack/image/build.sh; needs root for mmdebstrap and buildah, installed when missing).
+image:
+	@PEERS_DIR=$(PEERS_DIR) hack/image/build.sh
 
 # Keeps certs/cluster: that CA is what a cluster trusts.
 clean:

@@ -43,7 +43,14 @@ LATER_MUTATORS = (
     "runai-node-affinity",
     "runai-admission-controller",
 )
-SERVER_PATHS = {"/mutate/pods", "/mutate/workloads", "/validate/pods", "/validate/workloads", "/validate/settings"}
+SERVER_PATHS = {
+    "/mutate/pods",
+    "/mutate/workloads",
+    "/validate/pods",
+    "/validate/workloads",
+    "/validate/settings",
+    "/validate/pod-updates",
+}
 CLUSTER_SCOPED = (
     "Namespace",
     "ValidatingAdmissionPolicy",
@@ -58,6 +65,7 @@ POD_HOOKS = (
     "validate-pods.scheduling.hopsworks.ai",
     "validate-workloads.scheduling.hopsworks.ai",
     "mutate-workloads.scheduling.hopsworks.ai",
+    "validate-pod-updates.scheduling.hopsworks.ai",
 )
 
 
@@ -456,7 +464,10 @@ def test_every_webhook_is_v1_short_and_explicit(rendered: list[dict[str, Any]], 
         ref = hook["clientConfig"]["service"]
         assert ref["name"] == service["metadata"]["name"], name
         assert ref["namespace"] == service["metadata"]["namespace"], name
-        assert ref["port"] == service["spec"]["ports"][0]["port"] == 443, name
+        # The Service's `admission` port, apart from the console's and the APIs' 443.
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert ref["port"] == ports["admission"]["port"] == 9443, name
+        assert ports["admission"]["targetPort"] == "admission", name
         assert ref["path"] in SERVER_PATHS, name
         assert hook["clientConfig"]["caBundle"] == ca_bundle, name
 
@@ -478,6 +489,8 @@ def test_quota_and_scheduling_fail_closed(rendered: list[dict[str, Any]]) -> Non
     assert hooks["validate-settings.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
     # A Job let through without its queue label would run outside Kueue's quota.
     assert hooks["mutate-workloads.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
+    # An outage must not be the moment a pod's queue or preemptibility can be changed.
+    assert hooks["validate-pod-updates.scheduling.hopsworks.ai"]["failurePolicy"] == "Fail"
 
 
 @pytest.mark.parametrize("install_namespace", ["hopsworks", "platform"])
@@ -521,6 +534,20 @@ def test_namespace_webhook_selects_project_namespaces_by_object(rendered: list[d
     assert not hook_reaches(hook, "team-b", project=False)
     assert not hook_reaches(hook, "kube-system")
     assert not hook_reaches(hook, "hopsworks")
+
+
+def test_pod_update_webhook_sees_only_label_and_annotation_edits_of_pods(rendered: list[dict[str, Any]]) -> None:
+    hook = webhooks(rendered)["validate-pod-updates.scheduling.hopsworks.ai"]
+    # The pod itself only: status and binding (the kubelet's and the scheduler's) are subresources.
+    assert hook["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
+         "scope": "Namespaced"}
+    ]  # fmt: skip
+    assert "objectSelector" not in hook  # a guarded key may be added to a pod without any
+    (condition,) = hook["matchConditions"]
+    for part in ("labels", "annotations"):
+        assert f"object.metadata.{part} != oldObject.metadata.{part}" in condition["expression"]
+        assert f"has(object.metadata.{part}) != has(oldObject.metadata.{part})" in condition["expression"]
 
 
 def test_workload_webhook_covers_pod_owners(rendered: list[dict[str, Any]]) -> None:
@@ -658,11 +685,14 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     assert allows(cluster, "", "namespaces", "patch") and not allows(cluster, "", "namespaces", "update")
     assert not allows(cluster, "", "namespaces", "create")
     assert not allows(cluster, "", "pods", "create")
-    assert allows(cluster, "", "events", "create")
+    # Events about namespaces live in `default`: granted there, and nowhere else.
+    assert not allows(cluster, "", "events", "create")
+    (events,) = [o for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] == "default"]
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
     assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
 
-    role = rules_of(rendered, "Role")
+    role = [r for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] != "default" for r in o["rules"]]
     lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
     assert allows(role, "coordination.k8s.io", "leases", "update", lease)
     assert allows(role, "coordination.k8s.io", "leases", "get", lease)
@@ -676,12 +706,18 @@ def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bu
     account = one(objects, "ServiceAccount")["metadata"]
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = one(objects, kind)
-        assert binding["roleRef"]["name"] == one(objects, role_kind)["metadata"]["name"]
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": account["name"], "namespace": install_namespace}
-        ]
-    assert one(objects, "Role")["metadata"]["namespace"] == install_namespace
+        roles = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects if o["kind"] == role_kind}
+        bindings = [o for o in objects if o["kind"] == kind]
+        assert len(bindings) == len(roles)
+        for binding in bindings:
+            assert (binding["metadata"].get("namespace"), binding["roleRef"]["name"]) in roles
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": account["name"], "namespace": install_namespace}
+            ]
+    # The install namespace's Role, and the one for Events about namespaces, which live in `default`.
+    assert sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "Role") == sorted(
+        [install_namespace, "default"]
+    )
 
 
 # -- values substitution -----------------------------------------------------------------------------
@@ -692,7 +728,9 @@ def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
     assert one(objects, "Namespace")["metadata"]["name"] == "platform"
     for obj in objects:
         if obj["kind"] not in CLUSTER_SCOPED:
-            assert obj["metadata"]["namespace"] == "platform", obj["kind"]
+            # Events about namespaces are accepted only in `default`: their grant is there.
+            events_grant = obj["metadata"]["name"] == "hopsworks:scheduling-webhook-events"
+            assert obj["metadata"]["namespace"] == ("default" if events_grant else "platform"), obj["kind"]
         for path, value in strings(obj):
             # "hopsworks" as a whole value can only be the old namespace (label values aside:
             # part-of names the platform).
@@ -754,6 +792,7 @@ def test_deployment_values_are_applied(ca_bundle: str) -> None:
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
         "priorityClassName": "hopsworks-platform",
         "installers": ["system:serviceaccount:hopsworks:installer", "group:platform-admins"],
+        "podGroupers": ["system:serviceaccount:runai:pod-grouper", "group:system:serviceaccounts:kai"],
         "variables": {"run_ai_client_secret_name": "runai-sa", "run_ai_client_secret_key": "secret"},
     }  # fmt: skip
     objects = render(values)
@@ -770,6 +809,7 @@ def test_deployment_values_are_applied(ca_bundle: str) -> None:
     assert volumes["runai-client-secret"]["secret"]["secretName"] == "runai-sa"
     assert volumes["runai-client-secret"]["secret"]["items"] == [{"key": "secret", "path": "secret"}]
     assert env_value(c, "SCHEDULING_WEBHOOK_INSTALLERS") == ",".join(values["installers"])
+    assert env_value(c, "SCHEDULING_WEBHOOK_POD_GROUPERS") == ",".join(values["podGroupers"])
 
 
 def test_no_runai_secret_named_means_no_runai_volume(ca_bundle: str) -> None:
@@ -810,6 +850,18 @@ def test_dockerfile_is_multi_stage_and_runs_as_the_manifests_uid(rendered: list[
     assert cmd.startswith('["serve"')
 
 
+def test_dockerfile_exposes_the_charts_ports_and_carries_oci_labels(rendered: list[dict[str, Any]]) -> None:
+    instructions = dockerfile_instructions()
+    exposed = {int(p.split("/")[0]) for word, rest in instructions if word == "EXPOSE" for p in rest.split()}
+    ports = {p["containerPort"] for c in one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
+             for p in c["ports"]}  # fmt: skip
+    assert exposed == ports
+    labels = " ".join(rest for word, rest in instructions if word == "LABEL")
+    for key in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+
+
 def test_dockerfile_bakes_in_no_secrets() -> None:
     for word, rest in dockerfile_instructions():
         if word in ("ENV", "ARG", "LABEL"):
@@ -837,6 +889,51 @@ def test_probes_use_the_probe_port_with_or_without_a_client_ca(ca_bundle: str, c
     ports = {p["name"]: p for p in one(objects, "Service")["spec"]["ports"]}
     assert ports["metrics"]["targetPort"] == "probes"
     assert ports["https"]["targetPort"] == "https"
+
+
+def test_the_admission_port_is_the_containers_admission_port_and_asks_for_no_certificate_by_default(
+    rendered: list[dict[str, Any]],
+) -> None:
+    c = container(rendered)
+    flags = dict(zip(c["args"][1::2], c["args"][2::2], strict=False))
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert named["admission"] == int(flags["--admission-port"]) == 9443
+    assert named["https"] == int(flags["--port"]) == 8443
+    assert "--client-ca" not in c["args"] and "--client-name" not in c["args"]
+    assert not [o for o in rendered if o["kind"] == "ConfigMap" and "client-ca" in o["metadata"]["name"]]
+
+
+def test_an_admission_client_ca_is_mounted_and_required_with_the_names_given(ca_bundle: str) -> None:
+    ca_pem = base64.b64decode(ca_bundle).decode()
+    names = ["kube-apiserver-webhook-client", "apiserver.example.com"]
+    objects = render({**given_ca(ca_bundle), "admission": {"clientCA": ca_pem, "clientNames": names}})
+    c = container(objects)
+    configmap = one(objects, "ConfigMap", "scheduling-webhook-admission-client-ca")
+    assert configmap["data"]["ca.crt"] == ca_pem
+    volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["admission-client-ca"]["configMap"]["name"] == "scheduling-webhook-admission-client-ca"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["admission-client-ca"] == "/admission-client-ca"
+    at = c["args"].index("--client-ca")
+    assert c["args"][at : at + 6] == [
+        "--client-ca", "/admission-client-ca/ca.crt", "--client-name", names[0], "--client-name", names[1],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("admission", "certs", "message"),
+    [
+        ({"clientNames": ["kube-apiserver"]}, {}, "admission.clientNames needs admission.clientCA"),
+        ({"clientCA": "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"}, {"clientCAKey": "ca.crt"},
+         "certs.clientCAKey and admission.clientCA both"),
+        ({"clientCA": "not a certificate"}, {}, "at '/admission/clientCA'"),
+    ],
+)  # fmt: skip
+def test_admission_client_values_that_cannot_work_are_refused(
+    ca_bundle: str, admission: dict[str, Any], certs: dict[str, Any], message: str
+) -> None:
+    values = given_ca(ca_bundle)
+    refused({**values, "certs": {**values["certs"], **certs}, "admission": admission}, message)
 
 
 def test_network_policy_is_off_by_default(rendered: list[dict[str, Any]]) -> None:
@@ -873,12 +970,14 @@ def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_
     assert selector_matches(policy["spec"]["podSelector"], labels)
     apiserver, clients, scraper = policy["spec"]["ingress"]
     assert apiserver["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "fd00::1/128"}}]
-    assert [p["port"] for p in apiserver["ports"]] == ["https"]
+    # The apiserver alone reaches the admission port; the API clients reach the console's port only.
+    assert [p["port"] for p in apiserver["ports"]] == ["admission"]
     assert clients["from"] == [{"podSelector": {}}]  # pods of the install namespace
+    assert [p["port"] for p in clients["ports"]] == ["https"]
     assert scraper["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert [p["port"] for p in scraper["ports"]] == ["probes"]
     named = {p["name"] for p in container(objects)["ports"]}
-    assert {"https", "probes"} <= named
+    assert {"https", "admission", "probes"} <= named
 
 
 @pytest.mark.parametrize(
@@ -919,8 +1018,9 @@ def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None
 def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_itself() -> None:
     objects = hooks({}, "platform")
     assert sorted(o["kind"] for o in objects) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
-    )
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    )  # fmt: skip
     for obj in objects:
         annotations = obj["metadata"]["annotations"]
         assert annotations["helm.sh/hook"] == "post-delete", obj["kind"]
@@ -943,4 +1043,33 @@ def test_the_uninstall_hook_runs_after_the_chart_is_gone_and_cleans_up_after_its
     assert not allows(role, "coordination.k8s.io", "leases", "delete", "someone-elses-lease")
     for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
         assert "secrets" not in rule["resources"] and "*" not in rule["verbs"]
+    # RBAC lets the Job patch every namespace; its own policy narrows that to taking this
+    # system's keys away, and the Job waits until that policy is in force.
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:platform:{account}'"
+    assert one(objects, "ValidatingAdmissionPolicyBinding")["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert c["args"][-2:] == ["--guard-policy", policy["metadata"]["name"]]
     assert not hooks({"uninstallCleanup": {"enabled": False}})
+
+
+def test_the_log_values_become_the_servers_log_options() -> None:
+    def args(values: dict[str, Any] | None) -> list[str]:
+        deployment = next(o for o in chart.render(values) if o["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return list(container["args"])
+
+    default = args(None)
+    assert default[:5] == ["serve", "--log-level", "INFO", "--log-format", "text"]
+    assert args({"log": {"level": "DEBUG", "format": "json"}})[:5] == [
+        "serve",
+        "--log-level",
+        "DEBUG",
+        "--log-format",
+        "json",
+    ]
+    with pytest.raises(HelmFailed):
+        chart.render({"log": {"format": "logfmt"}})

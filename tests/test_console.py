@@ -14,6 +14,7 @@ import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -22,7 +23,7 @@ from aiohttp import web
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_queue, kueue_setup, local_queue, namespace, settings_configmap
-from tests.support.https import HttpsServer, StartHttpsServer
+from tests.support.https import LOOPBACK, HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
 from tests.test_departments import Env, environment
 from webhook.console import Console, console_routes
@@ -38,6 +39,7 @@ from webhook.runai.client import RunaiError
 from webhook.runai.folder_snapshot import SNAPSHOT_KIND, RunaiSnapshotDirectory, parse_snapshot
 from webhook.snapshot import DEPARTMENT_LABEL
 from webhook.state.folder import read_objects
+from webhook.state.store import ClusterState
 
 ROOT_TOKEN, BOB_TOKEN = "token-of-root", "token-of-bob"
 EVIL = "x=<script>alert('pwned')</script>"
@@ -238,6 +240,7 @@ async def test_the_project_page_shows_each_queue_as_the_scheduling_api_does(serv
 # ---- the folder mode's Run:ai snapshot ------------------------------------------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "cluster"
+CONSOLE_CSS = Path(__file__).resolve().parents[1] / "webhook" / "console" / "static" / "console.css"
 
 
 def test_the_example_runai_snapshot_is_what_runai_answers() -> None:
@@ -373,3 +376,47 @@ async def test_the_admin_page_warns_while_run_ais_admission_is_down(
     assert page.status == 200, text
     assert 'data-status="RUN_AI_ADMISSION_DOWN"' in text and "admission is down" in text
     assert "runai-admission-controller" in text and "admission has 0 of 0 replicas available" in text
+
+
+# ---- what the project page explains (folder mode: examples/cluster) --------------------------------
+
+
+async def folder_page(aiohttp_client: Any, folder: Path, path: str) -> str:
+    from webhook.local_mode import folder_mode_routes
+    from webhook.state.folder import load_into
+
+    state = ClusterState("hopsworks")
+    load_into(state, folder)
+    client = await aiohttp_client(cache_app(state, routes=folder_mode_routes(state, folder, LOOPBACK)))
+    resp = await client.get(path, headers={"Host": "localhost"})
+    assert resp.status == 200, await resp.text()
+    return str(await resp.text())
+
+
+async def test_the_project_page_explains_available_and_says_when_runai_sampled(aiohttp_client: Any) -> None:
+    page = await folder_page(aiohttp_client, EXAMPLES, "/ui/projects/fraud-detection")
+    numbers = dict(re.findall(r'<dd data-field="(\w+)">([^<]*)</dd>', page))
+    # Deserved 4, allocated 3 of which 2 non-preemptible: 2 available for a notebook.
+    assert (numbers["quota"], numbers["allocated"], numbers["allocated_non_preemptible"]) == ("4", "3", "2")
+    assert numbers["available_non_preemptible"] == "2"
+    assert 'id="available-means"' in page and "A job is preemptible" in page
+    assert '<span id="sampled-at">Run:ai sampled them at 2026-11-30 09:00:00 UTC.</span>' in page
+    # Every cell of the offer says its column on a narrow screen (console.css), the defaults too.
+    assert page.count('<td class="choose">') == 3 and page.count('<td class="default">') == 2
+    assert '<td class="choose"><ul class="chips"><li data-choice="hopsworks-low">' in page
+    assert '<td class="default" data-default>hopsworks-high</td>' in page
+    css = CONSOLE_CSS.read_text()
+    assert 'td.choose::before { content: "May choose: "' in css and 'td.default::before { content: "Default: "' in css
+
+
+async def test_with_kueue_on_the_topology_row_says_no_one_set_a_default(aiohttp_client: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "cluster"
+    shutil.copytree(EXAMPLES, folder)
+    settings = folder / "20-settings.yaml"
+    doc = yaml.safe_load(settings.read_text())
+    doc["data"].update(kueue_installed="true", run_ai_enable="false")
+    settings.write_text(yaml.safe_dump(doc))
+    page = await folder_page(aiohttp_client, folder, "/ui/projects/churn")
+    row = re.search(r'<tr data-row="topology">(.*?)</tr>', page, re.S)
+    assert row, page
+    assert "<td data-level>no one: no project or cluster default</td>" in row.group(1)

@@ -141,6 +141,7 @@ async def assert_project_page_matches_api(served: Served, namespace: str, token:
         expected = {
             "quota": shown(project.get("quota")),
             "allocated": shown(project.get("allocated")),
+            "allocated_non_preemptible": shown(project.get("allocated_non_preemptible")),
             "requested": shown(project.get("requested")),
             "available_non_preemptible": shown(gpus["available_non_preemptible"]),
             "available_preemptible": shown(gpus["available_preemptible"]),

@@ -76,7 +76,15 @@ def make_certs(dev_certs: Path) -> str:
     """`make run`'s certificate step, from the Makefile itself, with the venv running these tests
     (`-o`: never reinstalled from inside a test)."""
     venv = Path(sys.prefix)
-    options = ["--no-print-directory", "-C", str(ROOT), "-o", str(venv / ".installed")]
+    options = [
+        "--no-print-directory",
+        "-C",
+        str(ROOT),
+        "-o",
+        str(venv / ".installed"),
+        "-o",
+        str(venv / ".installed-run"),
+    ]
     done = subprocess.run(
         ["make", *options, "certs", f"DEV_CERTS={dev_certs}", f"VENV={venv}", f"PYTHON={sys.executable}"],
         capture_output=True,
@@ -212,7 +220,7 @@ def test_readme_says_what_a_newcomer_asks() -> None:
     assert "kubernetes_asyncio" in README and "synchronous" in README
     ask = section(README, "### Ask it something")
     assert "curl -sS" in ask and "examples/requests/notebook-zone.json" in ask and "../shared" not in ask
-    for name in ("refused-priority.json", "gpu-notebook.json", "kueue-pod.json"):
+    for name in ("refused-priority.json", "gpu-notebook.json", "gpu-notebook-patched.json", "kueue-pod.json"):
         assert name in ask and (ROOT / "examples" / "requests" / name).is_file()
 
 
@@ -260,7 +268,7 @@ def test_the_image_is_built_from_the_constraints_before_the_code() -> None:
     assert index(r"COPY constraints\.txt") < index(r"RUN pip wheel .*-r constraints\.txt") < index(r"COPY webhook")
     assert "constraints.txt" in (ROOT / ".dockerignore").read_text()
     makefile = (ROOT / "Makefile").read_text()
-    assert "-c constraints.txt" in makefile and "constraints.txt" in makefile.split("$(STAMP):")[1].splitlines()[0]
+    assert "-c constraints.txt" in makefile and "constraints.txt" in makefile.split("$(RUN_STAMP):")[1].splitlines()[0]
     image = next(
         c["image"]
         for o in yaml.safe_load_all((ROOT / "manifests" / "06-deployment.yaml").read_text())

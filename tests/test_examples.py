@@ -75,7 +75,13 @@ async def client(aiohttp_client: ClientFactory) -> TestClient[Any, Any]:
 
 def test_every_shipped_request_is_a_json_admission_review() -> None:
     names = sorted(p.name for p in REQUESTS.glob("*.json"))
-    assert names == ["gpu-notebook.json", "kueue-pod.json", "notebook-zone.json", "refused-priority.json"]
+    assert names == [
+        "gpu-notebook-patched.json",
+        "gpu-notebook.json",
+        "kueue-pod.json",
+        "notebook-zone.json",
+        "refused-priority.json",
+    ]
     for name in names:
         review = example(name)
         assert review["kind"] == "AdmissionReview" and review["request"]["operation"] == "CREATE", name
@@ -109,7 +115,14 @@ async def test_gpu_notebook_gets_the_project_defaults_and_passes_validation(clie
     assert mutated["auditAnnotations"]["priority-class"] == "hopsworks-high"  # fraud-detection's own default
     assert mutated["auditAnnotations"]["affinity"] == "nvidia.com/gpu.product=A100"
     pod = patched(review, mutated)
-    validated = await ask(client, "/validate/pods", {**review, "request": {**review["request"], "object": pod}})
+    # What the apiserver sends the validating webhook is the patched pod: shipped, for the README's
+    # readers to send, and kept the mutation's exact result here.
+    second = example("gpu-notebook-patched.json")
+    assert second["request"]["object"] == pod
+    assert {k: v for k, v in second["request"].items() if k not in ("uid", "object")} == {
+        k: v for k, v in review["request"].items() if k not in ("uid", "object")
+    }
+    validated = await ask(client, "/validate/pods", second)
     # Folder mode has no Run:ai control plane to check the quota against: allowed, and it says so.
     assert validated["allowed"] is True
     assert any("GPU quota not checked" in w for w in validated["warnings"]), validated

@@ -5,6 +5,8 @@ through the real RunaiClient, and the Python client."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -394,6 +396,53 @@ async def test_refusals_of_new_tokens_do_not_push_good_tokens_out_of_the_cache(e
     reviews = len(env.kube.calls("POST", TOKEN_REVIEWS))
     assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
     assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == reviews  # still cached: no new review
+
+
+async def spend_the_budget(srv: HttpsServer, env: Env) -> int:
+    """The client's whole burst spent on tokens never seen (the fake clock stands still, so
+    nothing refills); returns the TokenReviews made so far."""
+    for i in range(20):
+        assert (await get(srv, "/api/v1/projects/churn/gpu", f"spent-{i}"))[0] == 401
+    return len(env.kube.calls("POST", TOKEN_REVIEWS))
+
+
+async def test_a_token_a_later_review_refuses_is_no_longer_known_good_and_pays_its_clients_budget(
+    env: Env,
+) -> None:
+    # A token once accepted stayed known good for an hour after a TokenReview refused it, and its
+    # reviews were spared its client's budget.
+    srv = await env.server()
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 200
+    del env.kube.users["alice-token"]  # revoked
+    env.clock.now += 60  # the accepted answer has expired
+    assert (await get(srv, "/api/v1/projects/churn/gpu", "alice-token"))[0] == 401
+    env.clock.now += 60  # so has the refusal; the client's budget is full again
+    reviews = await spend_the_budget(srv, env)
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", "alice-token")
+    assert (status, body["code"]) == (429, "TooManyNewTokens")
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == reviews
+
+
+def jwt(claims: Mapping[str, Any]) -> str:
+    def part(data: Mapping[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+async def test_a_token_is_known_good_no_longer_than_its_own_expiry(env: Env) -> None:
+    # A service account token accepted once was spared its client's budget for an hour, even
+    # once the token itself had expired.
+    token = jwt({"sub": "carol", "exp": int(time.time()) + 30})
+    env.kube.add_user(token, "carol", groups=["system:authenticated"])
+    env.kube.allow("carol", "get", "pods", namespace="churn")
+    srv = await env.server()
+    assert (await get(srv, "/api/v1/projects/churn/gpu", token))[0] == 200
+    env.clock.now += 40  # past the token's expiry, well within the hour
+    reviews = await spend_the_budget(srv, env)
+    status, _, body = await get(srv, "/api/v1/projects/churn/gpu", token)
+    assert (status, body["code"]) == (429, "TooManyNewTokens")
+    assert len(env.kube.calls("POST", TOKEN_REVIEWS)) == reviews
 
 
 def test_the_review_budget_is_a_bucket_per_client_with_a_bound_on_reviews_in_flight() -> None:

@@ -123,12 +123,13 @@ async def replicas(kube: KubeEmulator) -> AsyncIterator[Callable[..., Any]]:
             clock: Clock | None = None,
             api_config: Configuration | None = None,
             watch: bool = True,
+            settings: dict[str, Any] | None = None,
         ) -> list[Replica]:
             out = []
             for _ in range(n):
                 api = await stack.enter_async_context(ApiClient(api_config or kube.client_config()))
                 watch_api = await stack.enter_async_context(ApiClient(kube.client_config()))
-                state = cluster_state(namespaces=[BOUND, UNBOUND], run_ai_enable=True)
+                state = cluster_state(namespaces=[BOUND, UNBOUND], run_ai_enable=True, **(settings or {}))
                 runai_view(state, vision=deserved, nlp=deserved)
                 kube_api = KubeApi(api, INSTALL_NS)
                 store = GpuReservations(state, kube_api, jitter_s=0.005)
@@ -170,7 +171,14 @@ async def test_a_reservation_within_quota_writes_one_entry_counted_on_the_reques
     assert cm["metadata"]["labels"][RESERVATIONS_LABEL] == "true"
     assert cm["metadata"]["annotations"][NAMESPACE_ANNOTATION] == "vision"
     entry = json.loads(cm["data"]["uid-1"])
-    assert entry == {"gpus": 2.0, "expires_at": 1_000_000.0 + 120, "pod": "nb-uid-1", "kind": "notebook"}
+    # It counts for gpu_reservation_confirm_s (10 s by default) unless the pod shows up; its key is kept 120 s.
+    assert entry == {
+        "gpus": 2.0,
+        "expires_at": 1_000_000.0 + 10,
+        "kept_until": 1_000_000.0 + 120,
+        "pod": "nb-uid-1",
+        "kind": "notebook",
+    }
     # The next one is decided against the reservation: 1 left, asks for 2.
     refused = await a.handler(notebook("uid-2", gpus=2))
     assert not refused.allowed and refused.reason == Reason.GPU_QUOTA_EXCEEDED
@@ -185,7 +193,7 @@ async def test_the_other_replicas_cache_sees_the_reservation_through_the_watch(
     assert (await a.handler(notebook("uid-1"))).allowed
     await eventually(lambda: "uid-1" in b.store.reservations("vision"), message="replica b sees the reservation")
     reservation = b.state.snapshot().gpu_reservations["vision"]["uid-1"]
-    assert reservation.gpus == 1 and reservation.expires_at == 1_000_000.0 + 120
+    assert reservation.gpus == 1 and reservation.expires_at == 1_000_000.0 + 10
     # b refuses from its cache alone (dryRun never writes), and so does a real request on b.
     assert not validate_pod(notebook("uid-2"), b.state.snapshot(), 1_000_000.0).allowed
     assert "0 of 1 deserved GPUs left" in (await b.handler(notebook("uid-2"))).message
@@ -224,6 +232,41 @@ async def test_expired_reservations_are_pruned_on_the_next_write(
     decision = await a.handler(notebook("uid-4"))
     assert decision.allowed, decision.message
     assert set(stored(kube)) == {"uid-4"}
+
+
+async def test_a_reservation_whose_pod_never_shows_stops_counting_after_the_confirm_window(
+    kube: KubeEmulator, replicas: Callable[..., Any]
+) -> None:
+    """A review the apiserver never turned into a pod (sent by another process, or refused by a
+    later webhook) holds the project's GPUs for gpu_reservation_confirm_s, not for the entry's 120 s."""
+    clock = Clock()
+    (a,) = await replicas(1, deserved=4, clock=clock, settings={"gpu_reservation_confirm_s": 3})
+    assert (await a.handler(notebook("forged-1", gpus=4))).allowed
+    assert stored(kube)["forged-1"]["expires_at"] == clock.now + 3
+    clock.now += 2.5
+    refused = await a.handler(notebook("uid-2"))
+    assert not refused.allowed and "0 of 4 deserved GPUs left" in refused.message
+    clock.now += 0.5  # the pod watch never showed forged-1
+    decision = await a.handler(notebook("uid-3"))
+    assert decision.allowed, decision.message
+    assert decision.audit["gpus-left"] == "3"
+
+
+async def test_sending_the_same_review_again_renews_nothing(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:
+    clock = Clock()
+    (a,) = await replicas(1, deserved=2, clock=clock, settings={"gpu_reservation_confirm_s": 5})
+    forged = notebook("forged-1", gpus=2)
+    assert (await a.handler(forged)).allowed
+    written = stored(kube)["forged-1"]
+    version = kube.get_object("ConfigMap", configmap_name("vision"), INSTALL_NS)["metadata"]["resourceVersion"]
+    for step in (2, 2, 2, 2):  # again and again, before and after the count lapsed
+        clock.now += step
+        assert (await a.handler(forged)).allowed  # its own entry is never counted against it
+        assert stored(kube)["forged-1"] == written
+    assert kube.get_object("ConfigMap", configmap_name("vision"), INSTALL_NS)["metadata"]["resourceVersion"] == version
+    # 8 s after the first review, the project's 2 GPUs are free for its real pods.
+    decision = await a.handler(notebook("uid-2", gpus=2))
+    assert decision.allowed, decision.message
 
 
 async def test_dry_run_writes_nothing(kube: KubeEmulator, replicas: Callable[..., Any]) -> None:

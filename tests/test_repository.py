@@ -90,12 +90,14 @@ def test_make_refuses_a_python_older_than_3_11(tmp_path: Path) -> None:
 def test_make_recreates_a_venv_made_by_another_python(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     fake_python(venv / "bin" / "python", "3.10", False)
-    (venv / ".installed").touch()  # newer than pyproject.toml: only the version says it is stale
+    (venv / ".installed-run").touch()  # newer than pyproject.toml: only the version says it is stale
+    (venv / ".installed").touch()
     stale = make_dry_run("venv", f"VENV={venv}")
     assert f"rm -rf {venv}" in stale.stdout, stale.stdout + stale.stderr
     assert "-m venv" in stale.stdout
     current = sys.version_info
     fake_python(venv / "bin" / "python", f"{current[0]}.{current[1]}", True)
+    (venv / ".installed-run").touch()
     (venv / ".installed").touch()
     fresh = make_dry_run("venv", f"VENV={venv}", f"PYTHON={sys.executable}")
     assert "rm -rf" not in fresh.stdout and "-m venv" not in fresh.stdout, fresh.stdout

@@ -71,3 +71,14 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     missing = run_review(file, state=tmp_path / "nowhere")
     assert missing.returncode == 2 and "is not a folder" in missing.stderr
+
+
+def test_an_object_the_rules_cannot_read_is_bad_input_as_served(tmp_path: Path) -> None:
+    pod = yaml.safe_load((ROOT / "examples" / "requests" / "notebook-pod.yaml").read_text())
+    pod["spec"]["priorityClassName"] = 5
+    file = tmp_path / "pod.yaml"
+    file.write_text(yaml.safe_dump(pod))
+    result = run_review(file)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot read the object: object.spec.priorityClassName: must be a string, got number" in result.stdout
+    assert "Traceback" not in result.stderr

@@ -408,6 +408,24 @@ async def test_deleting_a_project_with_202_accepted_counts_as_deleted(
         assert not slow.violations
 
 
+async def test_a_refused_finalizer_removal_is_tried_again_without_deleting_in_runai_again(
+    kube: KubeEmulator, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # Every pass a second apart: a delete repeated pass after pass would show in the count.
+    put_settings(kube, runai, run_ai_reconcile_interval_s=1)
+    await replicas()
+    kube.create_object(namespace("refused"))
+    await wait_until(lambda: bound(kube, "refused"), within=5, what="bound")
+    project_id = ns_labels(kube, "refused")[PROJECT_ID]
+    # The apiserver refuses the finalizer's removal twice (as an admission policy would), then allows it.
+    kube.fail_next(2, 403, "/api/v1/namespaces/refused", "PATCH")
+    kube.delete_object("Namespace", "refused")
+    await wait_until(lambda: kube.get_object("Namespace", "refused") is None, within=8, what="namespace gone")
+    assert len(runai.calls("DELETE", f"/api/v1/org-unit/projects/{project_id}")) == 1
+    await wait_until(lambda: events(kube, "RunaiUnbindFailed", "refused"), within=5, what="the refusal's Event")
+    await wait_until(lambda: events(kube, "RunaiProjectDeleted", "refused"), within=5, what="the deletion's Event")
+
+
 # ---- Operational dependency ----------------------------------------------------------------------
 
 

@@ -360,3 +360,12 @@ async def test_settings_webhook_refuses_kueue_and_runai_both_on(https_server: St
     assert status == 200
     assert answer["response"]["allowed"] is False
     assert "cannot both be true" in answer["response"]["status"]["message"]
+
+
+async def test_metrics_carry_the_standard_process_and_python_series(https_server: StartHttpsServer) -> None:
+    srv = await https_server(make_app())
+    async with srv.session.get(srv.url("/metrics")) as resp:
+        text = await resp.text()
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                 "python_gc_objects_collected_total", "python_gc_collections_total", "python_info"):  # fmt: skip
+        assert re.search(rf"^{name}[{{ ]", text, re.M), name

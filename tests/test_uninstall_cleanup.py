@@ -37,8 +37,13 @@ def ns(**meta: Any) -> dict[str, Any]:
             ns(annotations={"scheduling.hopsworks.ai/runai-move": "{}"}),
             {"metadata": {"annotations": {"scheduling.hopsworks.ai/runai-move": None}}},
         ),
+        (
+            ns(labels={"runai/queue": "p", "hopsworks.ai/runai-project-id": "42"},
+               finalizers=["scheduling.hopsworks.ai/runai-project"]),
+            {"metadata": {"finalizers": [], "labels": {"hopsworks.ai/runai-project-id": None}}},
+        ),
     ],
-    ids=["bare", "nothing-of-ours", "bound-project", "finalizer-only", "move-intent-only"],
+    ids=["bare", "nothing-of-ours", "bound-project", "finalizer-only", "move-intent-only", "project-label-removed"],
 )  # fmt: skip
 def test_only_this_systems_keys_are_taken_back(namespace: dict[str, Any], patch: dict[str, Any] | None) -> None:
     assert namespace_cleanup_patch(namespace, **OURS) == patch

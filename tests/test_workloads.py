@@ -24,6 +24,7 @@ from webhook.state.store import ClusterState
 NOW = 1_000_000.0
 BOUND = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": "7"})
 UNBOUND = namespace("nlp")
+ADOPTED = namespace("cv", labels={"runai/queue": "cv"})  # bound to a Run:ai project it did not create
 DEPLOYMENT_KIND = {"hopsworks.ai/workload-type": "deployment"}
 UNSET = object()
 
@@ -182,6 +183,8 @@ class Case:
     message: tuple[str, ...] = ()
     warning: str = ""
     audit: dict[str, str] = field(default_factory=dict)
+    new_project_quota: float = 0  # run_ai_project_gpu_quota: what a project this system creates gets
+    adoptable: float | None = None  # deserved GPUs of a Run:ai project bound to the unbound nlp
 
 
 CASES = [
@@ -321,8 +324,32 @@ CASES = [
     ),
     Case("no GPUs: nothing checked", lambda: workload(replicas=50, gpus=None), deserved=0),
     Case(
-        "unbound project: allowed with a warning, pods bind it",
+        "unbound project this system will create: judged at apply time against run_ai_project_gpu_quota",
+        lambda: workload(ns="nlp", replicas=3, gpus=1),
+        new_project_quota=2,
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("project nlp has 2 of 2 deserved GPUs left", "asks for 3 (3 × 1 GPUs)"),
+    ),
+    Case(
+        "unbound project this system will create: within run_ai_project_gpu_quota",
+        lambda: workload(ns="nlp", replicas=2, gpus=1),
+        new_project_quota=2,
+        audit={"gpus": "2", "gpus-left": "0"},
+    ),
+    Case(
+        "unbound project that will adopt a Run:ai project bound to it: that project's quota",
+        lambda: workload(ns="nlp", replicas=3, gpus=1),
+        new_project_quota=8,
+        adoptable=1,
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("project nlp has 1 of 1 deserved GPUs left",),
+    ),
+    Case(
+        "unbound project, Run:ai unreachable at the last refresh: allowed with a warning, pods bind it",
         lambda: workload(ns="nlp", replicas=8, gpus=8),
+        reachable=False,
         warning="not bound to Run:ai yet",
     ),
     Case(
@@ -333,9 +360,19 @@ CASES = [
         warning="not checked",
     ),
     Case(
-        "project bound since the last refresh: allowed with a warning, its pods look it up",
+        "project this system bound since the last refresh: judged against run_ai_project_gpu_quota",
         lambda: workload(replicas=8, gpus=8),
         deserved=None,
+        new_project_quota=2,
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("project vision has 2 of 2 deserved GPUs left",),
+    ),
+    Case(
+        "project adopted since the last refresh: allowed with a warning, its pods look it up",
+        lambda: workload(ns="cv", replicas=8, gpus=8),
+        deserved=None,
+        new_project_quota=64,
         warning="its pods are checked when they start",
     ),
     Case("DELETE passes", delete, deserved=0),
@@ -368,13 +405,21 @@ CASES = [
 
 def state_for(case: Case) -> ClusterState:
     pods = [running_pod(f"p{i}", 1) for i in range(int(case.used))]
-    state = cluster_state(namespaces=[BOUND, UNBOUND], extra=pods, run_ai_enable=case.run_ai)
+    state = cluster_state(
+        namespaces=[BOUND, UNBOUND, ADOPTED],
+        extra=pods,
+        run_ai_enable=case.run_ai,
+        run_ai_project_gpu_quota=case.new_project_quota,
+    )
     snap = state.snapshot()
     snap.runai_reachable = case.reachable
+    projects = {}
     if case.deserved is not None:
-        snap.runai_projects = {
-            "vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=case.deserved)
-        }
+        projects["vision"] = RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=case.deserved)
+    if case.adoptable is not None:
+        projects["nlp"] = RunaiProjectInfo(id="9", name="nlp-old", namespace="nlp", deserved_gpus=case.adoptable)
+    if projects:
+        snap.runai_projects = projects
     if case.reserved:
         snap.gpu_reservations = {"vision": {"r": GpuReservation("r", "vision", case.reserved, expires_at=NOW + 60)}}
     return state

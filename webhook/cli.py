@@ -1,11 +1,14 @@
-"""`scheduling-webhook` command line: serve, certs, console-keys, review, admin, uninstall-cleanup."""
+"""`scheduling-webhook` command line: serve, certs, console-keys, review, admin, uninstall-cleanup,
+version, completion."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from webhook.logformat import LOG_FORMATS, configure_logging
 
 
 class HELP(argparse.ArgumentDefaultsHelpFormatter):
@@ -23,13 +26,35 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 EXIT_PIPE_CLOSED = 141
 
 
+def package_version() -> str:
+    try:
+        return version("scheduling-webhook")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _logging_options(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--log-level", default=default, type=str.upper, choices=LOG_LEVELS, help="log verbosity")
+    parser.add_argument(
+        "--log-format",
+        default=default,
+        choices=LOG_FORMATS,
+        help="text lines, or one JSON object per line (time, level, logger, message, and the review's uid)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scheduling-webhook", description=__doc__, formatter_class=HELP)
-    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="log verbosity")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.set_defaults(log_level="INFO", log_format="text")
+    _logging_options(parser, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, formatter_class=HELP)
+        parser = sub.add_parser(name, help=help, description=help, formatter_class=HELP)
+        # Also after the subcommand, where people put it; there it wins over one given before.
+        _logging_options(parser, argparse.SUPPRESS)
+        return parser
 
     serve = command("serve", "run the admission server")
     serve.add_argument("--state", default=None, help="a folder of Kubernetes YAML to use instead of an API server")
@@ -45,13 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(kubelet probes send none); 0: only on --port",
     )
     serve.add_argument(
+        "--admission-port",
+        type=int,
+        default=None,
+        help="serve the admission webhooks (/mutate/*, /validate/*) here and only here; --client-ca and "
+        "--client-name then apply to this port alone, and --port keeps the console and the APIs "
+        "(default: the webhooks on --port with everything else)",
+    )
+    serve.add_argument(
         "--reuse-port",
         action="store_true",
         help="let other processes listen on the same address and port (SO_REUSEPORT): the kernel spreads "
         "new connections over them",
     )
     serve.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
-    serve.add_argument("--client-ca", default=None, help="verify client certificates against this CA")
+    serve.add_argument(
+        "--client-ca",
+        default=None,
+        help="require a client certificate from this CA on the admission port (on --port without --admission-port)",
+    )
+    serve.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        help="with --client-ca: admit only client certificates naming this (common name or DNS name; repeatable)",
+    )
     serve.add_argument("--runai-secret-dir", default=None, help="where the Run:ai client secret is mounted")
     serve.add_argument(
         "--console-keys",
@@ -64,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="identity allowed to change run_ai_enable: a username, or group:NAME (repeatable; "
         "also $SCHEDULING_WEBHOOK_INSTALLERS, comma-separated)",
+    )
+    serve.add_argument(
+        "--pod-grouper",
+        action="append",
+        default=[],
+        help="identity of KAI's pod grouper, which may set a pod's pod-group-name annotation: a username, or "
+        "group:NAME (repeatable; also $SCHEDULING_WEBHOOK_POD_GROUPERS, comma-separated)",
     )
     serve.add_argument(
         "--service-account",
@@ -108,10 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = command(
         "uninstall-cleanup",
         "after the chart's objects are gone (its uninstall Job): take this system's finalizer, label and "
-        "annotations off the project namespaces, delete its reservation ConfigMaps and Lease",
+        "annotations off the namespaces carrying them, delete its reservation ConfigMaps and Lease",
     )
     cleanup.add_argument("--namespace", default=None, help="install namespace (default: $POD_NAMESPACE)")
     cleanup.add_argument("--wait-s", type=float, default=120, help="how long to wait for the server's pods to end")
+    cleanup.add_argument(
+        "--guard-policy",
+        default="",
+        help="a ValidatingAdmissionPolicy that must be refusing this identity's other namespace edits before "
+        "any namespace is patched (the chart's uninstall Job names its own); empty: do not wait for one",
+    )
 
     review = command(
         "review",
@@ -121,6 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("file", help="YAML or JSON file, or - for stdin")
     review.add_argument("--state", required=True, help="a folder of Kubernetes YAML, e.g. examples/cluster")
     review.add_argument("--namespace", default="hopsworks", help="install namespace (where the settings live)")
+    review.add_argument(
+        "-o",
+        "--output",
+        default="text",
+        choices=("text", "json", "yaml"),
+        help="text for people; json or yaml: one object, the AdmissionReview response with its patch "
+        "decoded and the patched object",
+    )
+
+    command("version", "print the version")
+    completion = command(
+        "completion", "print a shell completion script: eval it, or save it where the shell loads them"
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell")
 
     admin = command("admin", "administrator actions against a running server in cluster mode")
     admin_sub = admin.add_subparsers(dest="action", required=True)
@@ -163,10 +233,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
-    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    if args.command == "version":
+        print(f"scheduling-webhook {package_version()}")
+        return 0
+    if args.command == "completion":
+        from webhook.completion import completion_script
+
+        print(completion_script(parser, args.shell), end="")
+        return 0
     if args.command == "serve":
         from webhook.runtime import run_server
 

@@ -8,13 +8,19 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# The series every Prometheus client exports by default (process_* memory, CPU and file
+# descriptors; python_gc_*; python_info), which dashboards and alerts expect of any process: the
+# registry is this process's own, so they are registered here rather than inherited.
+ProcessCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
 
 # Admission answers, counted per review as plain integers (AdmissionCounts) and exported by
 # collectors under the names, labels and help that prometheus_client's Counter and Histogram gave
@@ -174,7 +180,8 @@ CONNECTIONS_OPEN = Gauge(
 CONNECTIONS_CLOSED = Counter(
     "webhook_connections_closed_total",
     "Connections closed by the server to bound what idle or hostile clients hold, by listener and reason.",
-    # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout
+    # shed (every connection busy), evicted (room made at the cap), header_timeout, body_timeout,
+    # client_refused (a client certificate naming none of the accepted clients)
     ["listener", "reason"],
     registry=REGISTRY,
 )
@@ -190,6 +197,47 @@ CERT_EXPIRY = Gauge(
     "When the serving certificate new connections get expires (Unix time); the webhooks fail closed after it.",
     registry=REGISTRY,
 )
+
+WOULD_REFUSE = Counter(
+    "webhook_would_refuse_total",
+    "Admission reviews admitted only because their refusal family is in warn mode, by rule and project.",
+    ["rule", "project"],
+    registry=REGISTRY,
+)
+# What the admin view lists: the projects with would-be refusals in the last hour.
+WOULD_REFUSE_WINDOW_S = 3600.0
+_WOULD_REFUSE_KEPT = 1000  # times kept per project and rule: a count, not a log
+
+
+class WouldRefuse:
+    """The would-be refusals of the last hour, per (project, rule), on this replica; the metric
+    above is the cluster-wide count (summed over replicas by whoever scrapes them)."""
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, rule: str, project: str, now: float) -> None:
+        WOULD_REFUSE.labels(rule, project).inc()
+        times = self._times.setdefault((project, rule), [])
+        times.append(now)
+        if len(times) > _WOULD_REFUSE_KEPT:
+            del times[: len(times) - _WOULD_REFUSE_KEPT]
+
+    def recent(self, now: float) -> list[tuple[str, str, int, float]]:
+        """(project, rule, count, last) of the last hour, by project and rule."""
+        since = now - WOULD_REFUSE_WINDOW_S
+        found = []
+        for key in sorted(self._times):
+            times = [t for t in self._times[key] if t >= since]
+            if times:
+                self._times[key] = times
+                found.append((*key, len(times), times[-1]))
+            else:
+                del self._times[key]
+        return found
+
+
+WOULD_REFUSE_RECENT = WouldRefuse()
 
 _cache_log = logging.getLogger("webhook.state.store")
 

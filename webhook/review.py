@@ -3,24 +3,29 @@
 Reads a Pod (or a whole AdmissionReview) from FILE or, for `-`, stdin, and a folder of cluster
 state; prints the decision, the warnings and the patched object, and exits 1 on a refusal, like
 `kyverno apply` or `gator test` (2 for bad input; 141 when the reader of stdout went away).
+It runs the handlers `serve --state` serves, so the two cannot disagree.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import json
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import jsonpatch
 import yaml
 
-from webhook.admission import BadReview, parse_review
+from webhook.admission import DEFAULT_VERSION, BadReview, build_response, dumps, object_errors, parse_review
 from webhook.core.decision import Decision, Reason
-from webhook.core.scheduling import mutate_pod
+from webhook.core.guard_config import GuardConfig
+from webhook.http.app import rules_read
+from webhook.http.handlers import admission_handlers
 from webhook.state.folder import StateFolderError, load_into
 from webhook.state.store import ClusterState
 
@@ -47,20 +52,33 @@ def request_for(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def decide(request: dict[str, Any], state: ClusterState) -> tuple[Decision, dict[str, Any] | None]:
-    """Mutation, then validation of the mutated pod, as the apiserver orders them."""
-    from webhook.core.quota import validate_pod
+    """Mutation, then validation of the mutated pod, as the apiserver orders them, by the handlers
+    `serve --state` serves (`webhook.http.handlers`) behind the same object check: what the served
+    folder mode answers, the offline review answers too."""
+    return asyncio.run(_decide(request, state))
 
-    snapshot = state.snapshot()
-    mutation = mutate_pod(request, snapshot)
+
+async def _decide(request: dict[str, Any], state: ClusterState) -> tuple[Decision, dict[str, Any] | None]:
+    handlers = admission_handlers(state, GuardConfig(install_namespace=state.install_namespace))
+    reads_object = rules_read(state)
+
+    async def answer(path: str, review: dict[str, Any]) -> Decision:
+        problem = object_errors(review) if reads_object(review) else None
+        if problem is not None:
+            return Decision.deny(f"cannot read the object: {problem}", 400, Reason.BAD_REQUEST)
+        return await handlers[path](review)
+
+    mutation = await answer("/mutate/pods", request)
     obj = request.get("object")
     if not mutation.allowed or not isinstance(obj, dict):
         return mutation, None
     patched = jsonpatch.JsonPatch(list(mutation.patch)).apply(copy.deepcopy(obj))
-    validation = validate_pod({**request, "object": patched}, snapshot)
+    validation = await answer("/validate/pods", {**request, "object": patched})
     warnings = mutation.warnings + validation.warnings
     if not validation.allowed:
-        return Decision.deny(validation.message, validation.code, validation.reason or Reason.FORBIDDEN, warnings), None
-    return Decision(True, patch=mutation.patch, warnings=warnings, audit=mutation.audit), patched
+        return replace(validation, warnings=warnings), None
+    audit = {**mutation.audit, **validation.audit}
+    return Decision(True, patch=mutation.patch, warnings=warnings, audit=audit), patched
 
 
 def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -76,6 +94,34 @@ def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     decision, patched = decide(request, state)
+    if args.output == "text":
+        _print_text(decision, patched, out)
+    else:
+        answer = review_answer(request, decision, patched)
+        if args.output == "json":
+            print(json.dumps(answer, indent=2), file=out)
+        else:
+            yaml.safe_dump(answer, out, sort_keys=False)
+    if decision.allowed:
+        return 0
+    return 2 if decision.reason == Reason.BAD_REQUEST else 1
+
+
+def review_answer(request: dict[str, Any], decision: Decision, patched: dict[str, Any] | None) -> dict[str, Any]:
+    """One object a script can read: the AdmissionReview response the server would send (the
+    same shortened texts), its patch decoded, and the patched object when allowed."""
+    # Through the wire encoding: plain JSON types only (the reason is an enum until then).
+    answer: dict[str, Any] = json.loads(dumps(build_response(DEFAULT_VERSION, str(request.get("uid", "")), decision)))[
+        "response"
+    ]
+    if "patch" in answer:
+        answer["patch"] = list(decision.patch)
+    if patched is not None:
+        answer["object"] = patched
+    return answer
+
+
+def _print_text(decision: Decision, patched: dict[str, Any] | None, out: TextIO) -> None:
     verdict = "ALLOWED" if decision.allowed else "REFUSED"
     print(f"decision: {verdict}", file=out)
     if decision.message:
@@ -90,4 +136,3 @@ def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if patched is not None:
         print("---", file=out)
         yaml.safe_dump(patched, out, sort_keys=False)
-    return 0 if decision.allowed else 1

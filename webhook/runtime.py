@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from errno import EADDRINUSE
@@ -27,7 +28,14 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.core.guard_config import GuardConfig, Identities
-from webhook.http.app import PROBE_MAX_CONNECTIONS, SERVER_KEY, cluster_mode_only_routes, create_app, create_probe_app
+from webhook.http.app import (
+    PROBE_MAX_CONNECTIONS,
+    SERVER_KEY,
+    cluster_mode_only_routes,
+    create_admission_app,
+    create_app,
+    create_probe_app,
+)
 from webhook.http.handlers import ClusterParts, admission_handlers
 from webhook.http.listener import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, Listener
 from webhook.state.folder import FolderSource, StateFolderError
@@ -44,6 +52,9 @@ class ServeOptions:
     port: int = 8443
     # /healthz, /readyz, /metrics on a port that never asks for a client certificate; None: none.
     probe_port: int | None = None
+    # The admission webhooks on a port of their own, the only one that asks for the apiserver's
+    # client certificate (`client_ca`, `client_names`); None: on `port`, beside the console and APIs.
+    admission_port: int | None = None
     # SO_REUSEPORT: several processes share the address, the kernel spreads connections over them
     # (a restart without a gap on one host; the test control plane's two replicas behind a Service).
     reuse_port: bool = False
@@ -53,10 +64,14 @@ class ServeOptions:
     kubeconfig: Path | None = None
     namespace: str = "hopsworks"
     client_ca: Path | None = None
+    # With client_ca: the names (common name or DNS SAN) a client certificate must carry; empty: any
+    # certificate of that CA.
+    client_names: tuple[str, ...] = ()
     runai_secret_dir: Path | None = None
     # The console's session keys (webhook.console.keys); None: a key of this process only.
     console_keys: Path | None = None
     installers: tuple[str, ...] = ()
+    pod_groupers: tuple[str, ...] = ()  # who may set a pod's pod-group-name (KAI's pod grouper)
     service_account: str = "scheduling-webhook"
     lease_name: str = "scheduling-webhook-leader"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
@@ -71,16 +86,20 @@ class ServeOptions:
             host=args.host,
             port=args.port,
             probe_port=args.probe_port or None,
+            admission_port=args.admission_port,
             reuse_port=args.reuse_port,
             certs=Path(args.certs),
             state_dir=Path(args.state) if args.state else None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             namespace=args.namespace or os.environ.get("POD_NAMESPACE", "hopsworks"),
             client_ca=Path(args.client_ca) if args.client_ca else None,
+            client_names=tuple(args.client_name),
             runai_secret_dir=Path(args.runai_secret_dir) if args.runai_secret_dir else None,
             console_keys=Path(args.console_keys) if args.console_keys else None,
             installers=tuple(args.installer)
             + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_INSTALLERS", "").split(",") if i.strip()),
+            pod_groupers=tuple(args.pod_grouper)
+            + tuple(i.strip() for i in os.environ.get("SCHEDULING_WEBHOOK_POD_GROUPERS", "").split(",") if i.strip()),
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
@@ -96,6 +115,7 @@ class ServeOptions:
             install_namespace=self.namespace,
             installers=Identities.parse(self.installers),
             own=Identities.parse([own]),
+            pod_groupers=Identities.parse(self.pod_groupers),
         )
 
 
@@ -152,6 +172,8 @@ class Runtime:
         self.app: web.Application | None = None
         self.runner: web.AppRunner | None = None
         self.probe_runner: web.AppRunner | None = None
+        self.admission_runner: web.AppRunner | None = None
+        self.admission_port: int | None = None  # where the admission listener listens, once started
         self._listeners: list[Listener] = []
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
@@ -170,22 +192,26 @@ class Runtime:
         # Settings that cannot be used (G1 conflict, a value that does not parse) never stop the
         # start: the last good settings, or the defaults, serve and /readyz, /metrics and the log
         # say why, so the settings webhook is up to let the fixing edit through.
+        options = self.options
+        if options.client_names and options.client_ca is None:
+            raise StartupError("--client-name needs --client-ca: a name is checked on a verified client certificate")
         await self._start_state()
         from webhook.tls.watcher import CertWatcher
 
-        certs = CertWatcher(
-            self.options.certs / "tls.crt",
-            self.options.certs / "tls.key",
-            client_ca_file=self.options.client_ca,
-        )
-        await certs.start()
-        self._stoppers.append(certs)
-        # The probe port never asks for a client certificate (kubelet HTTPS probes send none):
-        # a second watcher of the same files, without the client CA.
-        probe_certs = certs if self.options.client_ca is None else CertWatcher(certs.cert_file, certs.key_file)
-        if probe_certs is not certs:
-            await probe_certs.start()
-            self._stoppers.append(probe_certs)
+        # The client CA guards the admission webhooks: their own port when there is one, else the
+        # main port. The console, the APIs and the probes never ask for a client certificate
+        # (browsers and kubelet probes have none): one watcher without the CA serves those.
+        separate = options.admission_port is not None
+        plain = CertWatcher(options.certs / "tls.crt", options.certs / "tls.key")
+        await plain.start()
+        self._stoppers.append(plain)
+        guarded = plain
+        if options.client_ca is not None:
+            guarded = CertWatcher(plain.cert_file, plain.key_file, client_ca_file=options.client_ca)
+            await guarded.start()
+            self._stoppers.append(guarded)
+        certs = plain if separate else guarded
+        probe_certs = plain
         cluster: ClusterParts | None = None
         routes: list[web.RouteDef] = []
         if self.options.state_dir is not None:
@@ -198,9 +224,9 @@ class Runtime:
         handlers = admission_handlers(self.state, self.options.guard_config(), cluster)
         self.app = create_app(
             self.state,
-            handlers=handlers,
+            handlers={} if separate else handlers,
             routes=routes,
-            readiness=[lambda: None if certs.ready else "serving certificate", *self._readiness],
+            readiness=[lambda: None if plain.ready and guarded.ready else "serving certificate", *self._readiness],
         )
         self.runner = web.AppRunner(
             self.app,
@@ -214,10 +240,33 @@ class Runtime:
         main = Listener(
             self.runner, self.options.host, self.options.port, certs.ssl_context, limits, "main",
             reuse_port=self.options.reuse_port,
+            client_names=frozenset() if separate else frozenset(options.client_names),
         )  # fmt: skip
         await main.start()
         self._listeners.append(main)
         log.info("serving on https://%s:%d", self.options.host, main.port)
+        if options.admission_port is not None:
+            self.admission_runner = web.AppRunner(
+                create_admission_app(self.app, handlers),
+                handle_signals=False,
+                shutdown_timeout=options.shutdown_timeout,
+                keepalive_timeout=limits.idle_timeout_s,
+                access_log=access_logger if options.access_log else None,
+            )
+            await self.admission_runner.setup()
+            admission = Listener(
+                self.admission_runner, options.host, options.admission_port, guarded.ssl_context, limits,
+                "admission", reuse_port=options.reuse_port, client_names=frozenset(options.client_names),
+            )  # fmt: skip
+            await admission.start()
+            self._listeners.append(admission)
+            self.admission_port = admission.port
+            log.info(
+                "admission webhooks on https://%s:%d (%s)",
+                options.host,
+                admission.port,
+                "client certificate required" if options.client_ca else "no client certificate asked",
+            )
         if self.options.probe_port is not None:
             self.probe_runner = web.AppRunner(
                 create_probe_app(self.app), handle_signals=False, access_log=None, shutdown_timeout=1.0
@@ -238,6 +287,12 @@ class Runtime:
             log.info(
                 "probes and metrics on https://%s:%d (no client certificate asked)", self.options.host, probes.port
             )
+        if self.options.state_dir is not None:
+            # The address to open, once every listener answers: the dev certificate names localhost.
+            from webhook.local_mode import is_loopback
+
+            host = "localhost" if is_loopback(self.options.host) else self.options.host
+            log.info("console on https://%s:%d/ui/", host, main.port)
         tune_garbage_collector()
 
     async def _start_state(self) -> None:
@@ -343,19 +398,33 @@ class Runtime:
 
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
+        started = time.monotonic()
+        draining = self.app is not None
         if self.app is not None:
+            # Said at the start and at the end: a stop takes seconds by design, and a silent one
+            # cannot be told from a hung one.
+            log.info(
+                "draining: /readyz answers 503; still serving for %.1f s while endpoints drop this replica, "
+                "then in-flight requests get up to %.0f s",
+                self.options.drain_seconds,
+                self.options.shutdown_timeout,
+            )
             self.app[SERVER_KEY].draining = True
             await asyncio.sleep(self.options.drain_seconds)
         for listener in self._listeners:
             await listener.stop()
         if self.probe_runner is not None:
             await self.probe_runner.cleanup()
+        if self.admission_runner is not None:
+            await self.admission_runner.cleanup()
         if self.runner is not None:
             await self.runner.cleanup()
         for part in reversed(self._stoppers):
             await part.stop()
         if self.api_client is not None:
             await self.api_client.close()
+        if draining:
+            log.info("drained and stopped in %.1f s", time.monotonic() - started)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -376,12 +445,13 @@ def run_server(args: argparse.Namespace) -> int:
 
 async def serve(options: ServeOptions, stop: asyncio.Event | None = None) -> None:
     runtime = Runtime(options)
-    await runtime.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before the start: a SIGTERM while it starts is a stop, with the drain, once it has started.
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
     try:
         await stop.wait()
     finally:

@@ -7,7 +7,7 @@ cluster offers, the subset every project gets, and the cluster defaults.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -259,6 +259,13 @@ class ClusterSettings(_Strict):
     # How often every replica re-reads Run:ai's projects and departments (quota numbers, drift).
     # A project bound in between is looked up on demand, so this is about freshness, not safety.
     run_ai_directory_refresh_s: float = Field(default=15, ge=1)
+    # `warn` admits a pod or workload over its project's GPU quota, with the refusal as a warning,
+    # an audit annotation and a metric: what an operator looks at before turning it to `enforce`.
+    gpu_quota_enforcement: Literal["enforce", "warn"] = "enforce"
+    # How long a GPU reservation counts for a pod the pod watch has not shown yet. It covers the
+    # watch's lag behind the apiserver; it is short because a review nobody stored (forged, or
+    # refused by a later webhook) holds the project's GPUs for that long, and no longer.
+    gpu_reservation_confirm_s: float = Field(default=10, ge=1, le=120)
     kueue_installed: bool = False
     kueue_project_default_local_queue: str = "default"
     kueue_system_jobs_local_queue: str = "system"

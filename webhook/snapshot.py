@@ -493,7 +493,10 @@ class GpuReservation:
     key: str  # the pod's uid when the apiserver gave one, else the admission request's uid
     namespace: str
     gpus: float
-    expires_at: float  # epoch seconds; a pod that never appears stops counting then
+    expires_at: float  # epoch seconds; a pod the watch has not shown by then stops counting
+    # Epoch seconds until which the entry is kept, counting or not: its key is remembered, so that
+    # the same review sent again cannot start its count afresh.
+    kept_until: float = 0.0
 
 
 class NamespaceMemo:

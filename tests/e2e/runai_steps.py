@@ -16,7 +16,7 @@ import yaml
 
 from tests.e2e.conftest import Cluster, Obj, Result
 from tests.e2e.test_kubectl import as_a_controller, pod
-from tests.support.control_plane.install import Install
+from tests.support.control_plane.install import ADMISSION_PORT, Install
 
 T = TypeVar("T")
 FINALIZER = "scheduling.hopsworks.ai/runai-project"
@@ -95,15 +95,20 @@ async def call_server(local: Install, method: str, path: str, token: str, body: 
 
 
 async def review_pod(local: Install, path: str, pod: Obj, *, dry_run: bool = True) -> Obj:
-    """One AdmissionReview of creating `pod`, as the apiserver sends it, on a connection of its own:
-    the kernel spreads new connections over the replicas listening on the Service's address."""
+    """One AdmissionReview of creating `pod`, as the apiserver sends it (to the admission port, with
+    the apiserver's client certificate), on a connection of its own: the kernel spreads new
+    connections over the replicas listening on the Service's address."""
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
         "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
         "dryRun": dry_run, "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
     }}  # fmt: skip
-    status, answer = await call_server(local, "POST", path, "", review)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"https://{local.service_ip}:{ADMISSION_PORT}{path}", ssl=local.admission_ssl(), json=review) as r,
+    ):
+        status, answer = r.status, json.loads(await r.text() or "null")
     assert status == 200, (status, answer)
     return dict(answer["response"])
 

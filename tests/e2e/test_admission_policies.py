@@ -211,8 +211,29 @@ async def test_the_servers_writes_outside_the_policies_lists_are_denied_with_the
     # What it owns it may write (the leader does the same when Run:ai is on).
     await cluster.ok(*as_server, "label", "namespace", project, f"{DEPARTMENT_LABEL}=vision")
 
+    # A namespace that is no longer a project but still carries the server's finalizer (an
+    # installer took the label off): not yet being deleted, the finalizer may not be touched.
+    former = await cluster.plain_namespace("former")
+    held = json.dumps({"metadata": {"finalizers": [FINALIZER, "example.com/keep"]}})
+    await cluster.ok("patch", "namespace", former, "--type=merge", "-p", held)
+    release = json.dumps({"metadata": {"finalizers": ["example.com/keep"]}})
+    stderr = await cluster.refused(*as_server, "patch", "namespace", former, "--type=merge", "-p", release)
+    _denied_by(NAMESPACES, stderr, "scheduling-webhook edits project namespaces (label hopsworks.ai/project) only")
+    # Being deleted, the server takes its finalizer off (the leader does, unasked) and nothing else.
+    await cluster.ok("delete", "namespace", former, "--wait=false")
+    try:
+
+        async def released() -> bool:
+            return (await namespace_meta(cluster, former)).get("finalizers") == ["example.com/keep"]
+
+        await cluster.eventually(released, f"the leader took its finalizer off {former}", 30)
+        stderr = await cluster.refused(*as_server, "label", "namespace", former, f"runai/queue={former}")
+        _denied_by(NAMESPACES, stderr, "other namespaces only to remove its finalizer")
+    finally:
+        await cluster.kubectl("patch", "namespace", former, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
+
     # The apiserver recorded each refusal as the policy's, none as RBAC's.
     events = audit.events(since, user=SERVICE_ACCOUNT_USER)
     denied = [e for e in events if e.policy_denied]
-    assert len(denied) == 9, [str(e) for e in events if e.code >= 400]
+    assert len(denied) == 11, [str(e) for e in events if e.code >= 400]
     assert not [e for e in events if e.rbac_denied], [str(e) for e in events if e.rbac_denied]

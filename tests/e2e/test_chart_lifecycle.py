@@ -9,6 +9,7 @@ namespaces that delete, and nothing of the chart's but what is listed as left on
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shlex
@@ -267,6 +268,15 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     meta = (await cluster.get("namespace", project))["metadata"]
     assert FINALIZER in meta.get("finalizers", []) and RUNAI_PROJECT_ID_LABEL in meta["labels"], meta
     assert cp.get_json("lease", "scheduling-webhook-leader", "-n", INSTALL_NS)
+    # Another project, bound by the leader's pass, whose project label an installer (the admin, in
+    # system:masters) then took off: the finalizer stays, and no label selector finds it.
+    former = await cluster.project("former")
+
+    async def finalized() -> bool:
+        return FINALIZER in (await cluster.get("namespace", former))["metadata"].get("finalizers", [])
+
+    await cluster.eventually(finalized, f"{former} bound by the leader", within_s=60)
+    await cluster.ok("label", "namespace", former, "hopsworks.ai/project-")
 
     out = await asyncio.to_thread(helm, cp, "uninstall", chart.RELEASE, "--namespace", INSTALL_NS, "--wait",
                                   "--timeout", "5m")  # fmt: skip
@@ -283,6 +293,15 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
         return result.rc != 0 and "NotFound" in result.stderr
 
     await cluster.eventually(gone, f"{project} deleted", within_s=90)
+    meta = (await cluster.get("namespace", former))["metadata"]
+    assert FINALIZER not in meta.get("finalizers", []) and RUNAI_PROJECT_ID_LABEL not in meta["labels"], meta
+    await cluster.ok("delete", "namespace", former, "--wait=false")
+
+    async def former_gone() -> bool:
+        result = await cluster.kubectl("get", "namespace", former)
+        return result.rc != 0 and "NotFound" in result.stderr
+
+    await cluster.eventually(former_gone, f"{former} deleted", within_s=90)
 
     nothing_of_the_chart_left(cp)
     configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
@@ -291,6 +310,68 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     assert secrets == {"runai-hopsworks"}, secrets  # the Run:ai client's: the operator's own
     # What stays in Run:ai: the project of the namespace (nothing of ours runs to delete it).
     assert [p for p in runai.projects.values() if p["name"] == project], runai.projects
+
+
+async def test_the_uninstall_jobs_identity_may_only_take_this_systems_keys_off_namespaces(
+    cluster: Cluster, release: Install
+) -> None:
+    # The hook's ServiceAccount may patch every namespace (RBAC cannot select them), and the
+    # chart's policies are gone when it runs. Its own policy, applied here as the hook does (without
+    # the Job), is evaluated by the real apiserver for that identity.
+    cp = release.cp
+    guard = [o for o in chart.render(VALUES, INSTALL_NS)
+             if "helm.sh/hook" in (o["metadata"].get("annotations") or {}) and o["kind"] != "Job"]  # fmt: skip
+    (policy,) = [o["metadata"]["name"] for o in guard if o["kind"] == "ValidatingAdmissionPolicy"]
+    account = next(o["metadata"]["name"] for o in guard if o["kind"] == "ServiceAccount")
+    as_job = f"--as=system:serviceaccount:{INSTALL_NS}:{account}"
+    name = f"tools-{uuid.uuid4().hex[:6]}"
+    await cluster.ok("create", "namespace", name)
+    ours = {"metadata": {"labels": {RUNAI_PROJECT_ID_LABEL: "7", "team": "tools"},
+                         "annotations": {BINDING_ANNOTATION: "{}"},
+                         "finalizers": [FINALIZER, "example.com/keep"]}}  # fmt: skip
+    await cluster.ok("patch", "namespace", name, "--type=merge", "-p", json.dumps(ours))
+    cp.apply(guard)
+    try:
+
+        async def refused_by_the_policy(*args: str) -> str | None:
+            result = await cluster.kubectl(as_job, *args)
+            return result.stderr if result.rc != 0 and f"'{policy}'" in result.stderr else None
+
+        # A new policy takes a moment to be enforced; the Job waits for it the same way, with a dry
+        # run (an edit let through before then would stay made).
+        await cluster.eventually(
+            lambda: refused_by_the_policy("label", "namespace", name, "probe=1", "--dry-run=server"),
+            "the uninstall policy enforced",
+            within_s=30,
+        )
+        for args in (
+            ("label", "namespace", name, "pod-security.kubernetes.io/enforce=privileged"),
+            ("label", "namespace", name, "team-"),
+            ("annotate", "namespace", name, "owner=someone"),
+            ("patch", "namespace", name, "--type=merge", "-p", json.dumps({"metadata": {"finalizers": [FINALIZER]}})),
+        ):
+            assert await refused_by_the_policy(*args), args
+        # Its ConfigMap deletes (granted namespace-wide) reach only the server's own.
+        await cluster.ok("create", "configmap", "platform-notes", "-n", INSTALL_NS, "--from-literal=a=b")
+        assert await refused_by_the_policy("delete", "configmap", "platform-notes", "-n", INSTALL_NS)
+        reservation = {"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": f"gpu-reservations.{name}", "namespace": INSTALL_NS,
+                                    "labels": {"scheduling.hopsworks.ai/gpu-reservations": "true"}}}  # fmt: skip
+        await cluster.apply(reservation)
+        await cluster.ok(as_job, "delete", "configmap", f"gpu-reservations.{name}", "-n", INSTALL_NS)
+        # What it is there for passes: this system's finalizer, label and annotation taken off.
+        drop = {"metadata": {"finalizers": ["example.com/keep"], "labels": {RUNAI_PROJECT_ID_LABEL: None},
+                             "annotations": {BINDING_ANNOTATION: None}}}  # fmt: skip
+        await cluster.ok(as_job, "patch", "namespace", name, "--type=merge", "-p", json.dumps(drop))
+        meta = (await cluster.get("namespace", name))["metadata"]
+        assert meta["finalizers"] == ["example.com/keep"] and RUNAI_PROJECT_ID_LABEL not in meta["labels"], meta
+    finally:
+        for obj in guard:
+            where = ["-n", obj["metadata"]["namespace"]] if obj["metadata"].get("namespace") else []
+            await cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], *where, "--ignore-not-found")
+        await cluster.kubectl("delete", "configmap", "platform-notes", "-n", INSTALL_NS, "--ignore-not-found")
+        await cluster.kubectl("patch", "namespace", name, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
+        await cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def nothing_of_the_chart_left(cp: ControlPlane) -> None:

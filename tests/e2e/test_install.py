@@ -32,6 +32,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "kind": "ClusterIssuer", "name": "corp-ca"}}}},
     "certs-secret": {"certs": {"mode": "secret", "secret": {"caBundle": "LS0tLQ=="}}},
     "client-ca": {"certs": {"clientCAKey": "ca.crt"}},
+    "admission-client-ca": {"admission": {"clientCA": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                                          "clientNames": ["kube-apiserver-webhook-client"]}},
     "scrape-annotations": {"metrics": {"scrapeAnnotations": True}},
     "service-monitor": {"metrics": {"serviceMonitor": True}},
     "alert-rules": {"metrics": {"alertRules": True}},

@@ -344,3 +344,37 @@ async def test_a_group_with_no_domain_big_enough_stays_gated_and_its_workload_sa
 
     view = await cluster.eventually(shown_pending, "the pending Workload in the project's view", 60)
     assert view["cluster_queue"] == "cq" and view["topologies"] == ["host", "zone", "region"], view
+
+
+async def test_a_kueue_pods_queue_and_group_stay_as_admitted(cluster: Cluster, kueue: Kueue) -> None:
+    """G5 with Kueue's own writes: Kueue lifts its gates and the pods of a 2-replica group run; the
+    queue label, the group and the topology on a running pod cannot then be changed or removed.
+    Kueue's own pod webhook (vpod.kb.io) guards its queue and group labels too; validating webhooks
+    run in parallel, so either refusal may be the one kubectl shows for those."""
+    project = await kueue_project(cluster, kueue, "kkeep")
+    await cluster.apply(deployment("pair", project, 2, unit="host"))
+
+    async def running() -> list[Obj] | None:
+        pods = await cluster.list("pods", project, "-l", "app=pair")
+        ok = len(pods) == 2 and all(p.get("status", {}).get("phase") == "Running" for p in pods)
+        return pods if ok else None
+
+    pods = await cluster.eventually(running, "2 pods Running (Kueue's gates lifted)", 90)
+    name = pods[0]["metadata"]["name"]
+    group = pods[0]["metadata"]["labels"][GROUP]
+    target = ("pod", name, "-n", project)
+    ours = 'admission webhook "validate-pod-updates.scheduling.hopsworks.ai" denied the request'
+    kueues = 'admission webhook "vpod.kb.io" denied the request'
+    for args, key, said in [
+        (("label", *target, f"{QUEUE}-"), QUEUE, f"label {QUEUE} removed (was '{TEAM}')"),
+        (("label", *target, f"{QUEUE}=other", "--overwrite"), QUEUE, f"label {QUEUE} changed from '{TEAM}' to 'other'"),
+        (("label", *target, f"{GROUP}=mine", "--overwrite"), GROUP, f"label {GROUP} changed from '{group}' to 'mine'"),
+    ]:
+        stderr = await cluster.refused(*args)
+        assert (ours in stderr and said in stderr) or (kueues in stderr and key in stderr), stderr
+    # The topology Kueue placed the group by is ours alone to guard.
+    stderr = await cluster.refused("annotate", *target, f"{REQUIRED}-")
+    assert ours in stderr and f"annotation {REQUIRED} removed (was '{HOSTNAME}')" in stderr, stderr
+    stored = (await cluster.get(*target[:2], project))["metadata"]
+    assert stored["labels"][QUEUE] == TEAM and stored["labels"][GROUP] == group, stored
+    await cluster.ok("label", *target, "team=blue")

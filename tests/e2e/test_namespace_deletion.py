@@ -6,7 +6,9 @@ leader has dealt with the Run:ai project, then the namespace goes.
   namespace waits, Terminating);
 - an adopted one is left in place (the binding put no finalizer on it);
 - with Run:ai off nothing is held up: what was ours in Run:ai is written down in
-  runai-projects-left, and deleted by the leader once Run:ai is on again.
+  runai-projects-left, and deleted by the leader once Run:ai is on again;
+- a namespace an installer took the project label off still goes: the finalizer is ours to
+  remove whatever labels are left, and Run:ai's delete is called once.
 """
 
 from __future__ import annotations
@@ -68,6 +70,29 @@ async def test_a_project_this_system_created_is_deleted_in_runai_before_the_name
     await cluster.eventually(lambda: gone(cluster, project), f"{project} gone", 90)
     assert in_standin(local, lambda: local.runai.project(project)) is None
     assert [c.status for c in deletes(local, created["id"])][-1] in (200, 202, 204)
+    await cluster.eventually(lambda: events(cluster, project, "RunaiProjectDeleted"), "the deleted Event", 10)
+
+
+async def test_a_namespace_an_installer_took_the_project_label_off_still_goes_and_its_project_is_deleted_once(
+    cluster: Cluster,
+) -> None:
+    local = cluster.needs_local("needs the Run:ai stand-in")
+    await turn_runai_on(cluster)
+    # Passes every second: a Run:ai delete repeated by the passes would show in the count below.
+    await cluster.settings(run_ai_reconcile_interval_s="1")
+    project = await cluster.project("unlabelled")
+    await wait_bound(cluster, project)
+    created = in_standin(local, lambda: local.runai.project(project))
+    assert created is not None
+    # The admin is in system:masters, one of the install's installer identities: allowed, with a warning.
+    await cluster.ok("label", "namespace", project, "hopsworks.ai/project-")
+    meta = await namespace_meta(cluster, project)
+    assert "hopsworks.ai/project" not in meta["labels"] and FINALIZER in meta["finalizers"], meta
+
+    await cluster.ok("delete", "namespace", project, "--wait=false")
+    await cluster.eventually(lambda: gone(cluster, project), f"{project} gone", 60)
+    assert in_standin(local, lambda: local.runai.project(project)) is None
+    assert [c.status for c in deletes(local, created["id"])] in ([200], [202], [204])
     await cluster.eventually(lambda: events(cluster, project, "RunaiProjectDeleted"), "the deleted Event", 10)
 
 

@@ -454,6 +454,8 @@ def console_routes(console: Console) -> list[web.RouteDef]:
         return _see_other("/ui/")
 
     return [
+        # The server's own root is where a person typing its address lands: the console.
+        web.get("/", to_index, allow_head=False),
         web.get("/ui", to_index, allow_head=False),
         web.get("/ui/", page(index), allow_head=False),
         web.get("/ui/signin", page(signin_form), allow_head=False),

@@ -69,6 +69,16 @@ class LeftInRunai(BaseModel):
     in_runai: bool | None = None  # None: cannot know now (Run:ai off or unreachable)
 
 
+class WouldRefuseRow(BaseModel):
+    """Reviews of a project admitted only because their refusal family is in warn mode
+    (`core.enforcement`), in the last hour, as this replica counted them."""
+
+    project: str
+    rule: str  # the refusal family, e.g. gpu-quota
+    count: int
+    last_at: float  # Unix time of the last one
+
+
 class RunaiAdminView(BaseModel):
     """`GET /api/v1/admin/runai`."""
 
@@ -79,6 +89,7 @@ class RunaiAdminView(BaseModel):
     departments: list[AdminDepartment] = []
     projects: list[AdminProject] = []
     left_in_runai: list[LeftInRunai] = []
+    would_refuse: list[WouldRefuseRow] = []
     warnings: list[GpuWarning] = []
 
 
@@ -92,9 +103,15 @@ def platform_departments(snapshot: ClusterSnapshot) -> set[str]:
     return {platform_department(ns, default) for ns in project_namespaces(snapshot)} | {default}
 
 
-def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None, left: Sequence[LeftProject] = ()) -> RunaiAdminView:
-    """Every Run:ai department and platform department, every project namespace: linked or not; and
-    the Run:ai projects left by namespaces deleted while the integration was off."""
+def admin_view(
+    snapshot: ClusterSnapshot,
+    runai: RunaiData | None,
+    left: Sequence[LeftProject] = (),
+    would_refuse: Sequence[tuple[str, str, int, float]] = (),
+) -> RunaiAdminView:
+    """Every Run:ai department and platform department, every project namespace: linked or not;
+    the Run:ai projects left by namespaces deleted while the integration was off; and the projects
+    with would-be refusals of the last hour, (project, rule, count, last) each."""
     settings = snapshot.settings
     default = settings.run_ai_default_department
     enabled = settings.run_ai_enable
@@ -147,6 +164,7 @@ def admin_view(snapshot: ClusterSnapshot, runai: RunaiData | None, left: Sequenc
         departments=rows,
         projects=projects,
         left_in_runai=left_rows,
+        would_refuse=[WouldRefuseRow(project=p, rule=r, count=n, last_at=t) for p, r, n, t in would_refuse],
         warnings=warnings,
     )
 

@@ -1,7 +1,8 @@
 """Who the guards trust, and what they read off an AdmissionReview request.
 
-The settings guard (`settings_guard`) and the namespace guard (`namespace_guard`) both take a
-`GuardConfig`: the server's own configuration, never read from the ConfigMap they guard.
+The settings guard (`settings_guard`), the namespace guard (`namespace_guard`) and the pod
+update guard (`pod_updates`) take a `GuardConfig`: the server's own configuration, never read from
+the ConfigMap they guard.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class GuardConfig:
     installers: Identities = field(default_factory=Identities)
     # This system's own identities (the webhook/reconciler service account): they perform moves.
     own: Identities = field(default_factory=Identities)
+    # KAI's (or Run:ai's) pod grouper: it annotates every pod it groups with its PodGroup's name,
+    # the one scheduling key of a pod that changes after admission (`core.pod_updates`).
+    pod_groupers: Identities = field(default_factory=Identities)
 
 
 def request_kind(request: Mapping[str, Any]) -> str:

@@ -209,12 +209,13 @@ def check_quota(
     *,
     asks: str | Callable[[], str],
     exclude: str = "",
+    project: RunaiProjectInfo | None = None,
 ) -> Decision:
     """R3 for a bound project: allow `gpus` more GPUs when the project has that many of its
     deserved GPUs left. A refusal says "N of M deserved GPUs left; " and then `asks` (what the
     request asks for and what the user can do; a function of nothing, to write it only for a
-    refusal)."""
-    quota = gpus_left(snapshot, namespace, now, exclude=exclude)
+    refusal). `project`: the record to take the quota from, when not the snapshot's."""
+    quota = gpus_left(snapshot, namespace, now, exclude=exclude, project=project)
     if quota is None:
         if (refused := runai_record_missing(snapshot, namespace)) is not None:
             return refused

@@ -26,7 +26,7 @@ from webhook.core.preemptibility import (
 from webhook.core.quota import EPSILON, check_quota, format_gpus
 from webhook.core.scheduling import request_namespace
 from webhook.settings import ClusterSettings
-from webhook.snapshot import ClusterSnapshot, PriorityClassInfo
+from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PriorityClassInfo, RunaiProjectInfo
 
 # (API group, kind) of the pod owners this check reads; the value is the plural the scale
 # subresource is addressed by (`deployments/scale`).
@@ -200,6 +200,16 @@ def workload_request(request: Mapping[str, Any], parent: Mapping[str, Any] | Non
     )
 
 
+def unseen_workload_namespace(request: Mapping[str, Any], snapshot: ClusterSnapshot) -> str | None:
+    """The namespace of a pod owner write this check reads that the snapshot has no record of: the
+    apiserver sends them only from project namespaces, so it is one this replica has not seen yet
+    (a namespace and its Deployment in one `kubectl apply`)."""
+    if workload_request(request) is None:
+        return None
+    name = request_namespace(request)
+    return name if name and name not in snapshot.namespaces else None
+
+
 def is_scale(request: Mapping[str, Any]) -> bool:
     return request.get("subResource") == "scale" and _map(request.get("resource")).get("resource") in SCALABLE
 
@@ -211,6 +221,29 @@ def scale_up(request: Mapping[str, Any]) -> bool:
     new = _count(_map(_map(request.get("object")).get("spec")).get("replicas"), 0)
     old = _count(_map(_map(request.get("oldObject")).get("spec")).get("replicas"), 0)
     return new > old
+
+
+def project_to_be(namespace: NamespaceInfo, snapshot: ClusterSnapshot, now: float) -> RunaiProjectInfo | None:
+    """The Run:ai project this system creates (or created moments ago) for a project namespace
+    whose record the directory does not have yet: `run_ai_project_gpu_quota` deserved GPUs,
+    nothing allocated. So a Deployment applied together with its namespace is judged at apply
+    time, as it is once the binding lands.
+
+    None when that cannot be known here: Run:ai was unreachable at the last refresh (a Run:ai
+    project bound to the namespace, which binding would adopt with its own quota, could be
+    missing from the directory), or the namespace is bound without this system's project-id label
+    (adopted: the quota is that project's, not the setting's)."""
+    if snapshot.runai_reachable is not True:
+        return None
+    if namespace.runai_queue is not None and namespace.runai_project_id is None:
+        return None
+    return RunaiProjectInfo(
+        id=namespace.runai_project_id or "",
+        name=namespace.runai_queue or namespace.name,
+        namespace=namespace.name,
+        deserved_gpus=snapshot.settings.run_ai_project_gpu_quota,
+        sampled_at=now,
+    )
 
 
 def validate_workload(
@@ -245,22 +278,26 @@ def validate_workload(
     if increase <= EPSILON:
         return Decision.allow()  # jobs, no GPUs, unchanged or scaled down: nothing more asked
     ns = namespace.name
-    if namespace.runai_queue is None:
-        # Binding calls Run:ai; the pods do it when they start (and are refused if it fails).
-        return Decision.allow(
-            warnings=[f"project {ns} is not bound to Run:ai yet: GPU quota is checked when its pods start"]
-        )
     more = " more" if old is not None and old.total > 0 else ""
-    decision = check_quota(
-        snapshot,
-        ns,
-        increase,
-        now,
-        asks=f"{target.kind} {target.name} ({new.kind or 'pods of no known kind'}) asks for "
+    asks = (
+        f"{target.kind} {target.name} ({new.kind or 'pods of no known kind'}) asks for "
         f"{format_gpus(increase)}{more} "
         f"({new.replicas} × {format_gpus(new.gpus_per_pod)} GPUs). Lower its replicas, stop another GPU "
-        "workload or ask an administrator for more Run:ai quota",
+        "workload or ask an administrator for more Run:ai quota"
     )
+    if namespace.runai_queue is None and ns not in (snapshot.runai_projects or {}):
+        # Binding calls Run:ai; the pods do it when they start (and are refused if it fails). The
+        # quota is known already when this system will create the project (`project_to_be`).
+        to_be = project_to_be(namespace, snapshot, now)
+        if to_be is None:
+            return Decision.allow(
+                warnings=[f"project {ns} is not bound to Run:ai yet: GPU quota is checked when its pods start"]
+            )
+        return check_quota(snapshot, ns, increase, now, asks=asks, project=to_be)
+    # Bound, or about to adopt a Run:ai project bound to the namespace: the snapshot has its record.
+    decision = check_quota(snapshot, ns, increase, now, asks=asks)
+    if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE and (to_be := project_to_be(namespace, snapshot, now)):
+        return check_quota(snapshot, ns, increase, now, asks=asks, project=to_be)
     if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE:
         # This check makes no remote call; the pods look the project up when they start.
         return Decision.allow(

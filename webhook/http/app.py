@@ -337,6 +337,31 @@ def create_app(
     app[STATE_KEY] = state
     server_status = ServerStatus(readiness=[_caches_ready(state), *readiness], problems=[_settings_problem(state)])
     app[SERVER_KEY] = server_status
+    _add_admission_routes(app, state, handlers, max_body_bytes)
+    app.router.add_routes(_as_json_routes(_probe_routes()))
+    app.router.add_routes(_as_json_routes(routes))
+    _add_not_found(app)
+    return app
+
+
+def create_admission_app(
+    main: web.Application, handlers: Mapping[str, AdmissionHandler], max_body_bytes: int = MAX_BODY_BYTES
+) -> web.Application:
+    """The admission routes alone, for a listener of their own (`serve --admission-port`): the port
+    the apiserver calls can then require its client certificate and be fenced to the control plane
+    while the console and the APIs, on `main`, stay reachable by their users. It shares `main`'s
+    readiness and draining; `main` is then built without admission handlers."""
+    app = web.Application(client_max_size=max_body_bytes)
+    app[STATE_KEY] = main[STATE_KEY]
+    app[SERVER_KEY] = main[SERVER_KEY]
+    _add_admission_routes(app, main[STATE_KEY], handlers, max_body_bytes)
+    _add_not_found(app)
+    return app
+
+
+def _add_admission_routes(
+    app: web.Application, state: ClusterState, handlers: Mapping[str, AdmissionHandler], max_body_bytes: int
+) -> None:
     expect_continue = expecting_continue(max_body_bytes)
     reads_object = rules_read(state)
     direct: dict[str, tuple[Handler, ExpectHandler]] = {}
@@ -345,11 +370,11 @@ def create_app(
         app.router.add_post(path, route, expect_handler=expect_continue)
         direct[path] = (route, expect_continue)
     app[DIRECT_ROUTES] = direct
-    app.router.add_routes(_as_json_routes(_probe_routes()))
-    app.router.add_routes(_as_json_routes(routes))
+
+
+def _add_not_found(app: web.Application) -> None:
     # [\s\S]: a decoded path may hold a newline (%0A), which `.` does not match.
     app.router.add_route("*", r"/{tail:[\s\S]*}", answering_as_json(_not_found))
-    return app
 
 
 def _probe_routes() -> list[web.RouteDef]:

@@ -19,14 +19,17 @@ an IPv6 caller's /64) part of a budget (webhook.http.review_budget: 20 at once, 
 flight; past it 429);
 such reviews may fill three quarters of the table at most, and their refusals are cached apart
 from the good answers. So a flood of fresh random tokens neither reaches the apiserver beyond the
-budget nor takes the room or the cache of tokens a TokenReview already accepted (known good for
-an hour). A 503 says only that Kubernetes could not answer, never why: the apiserver's error
-text goes to the log.
+budget nor takes the room or the cache of tokens a TokenReview already accepted. A token stays
+known good for an hour at most, never past the expiry its JWT claims, and only until a review
+refuses it: from then on its reviews draw on its client's budget like any unknown token's. A 503
+says only that Kubernetes could not answer, never why: the apiserver's error text goes to the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
@@ -186,8 +189,26 @@ class TtlLru(Generic[V]):
         while len(self._items) > self.max_entries:
             self._items.popitem(last=False)
 
+    def discard(self, key: Any) -> None:
+        self._items.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._items)
+
+
+def token_expiry(token: str) -> float | None:
+    """The `exp` claim (seconds since the epoch) of a JWT, read without checking its signature;
+    None for a token that is no JWT or has no such claim. Read only after a TokenReview accepted
+    the token (the apiserver checked the signature), and only to shorten how long it is trusted."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        exp = claims.get("exp") if isinstance(claims, dict) else None
+    except (ValueError, binascii.Error):
+        return None
+    return float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None
 
 
 _UNAVAILABLE_ERRORS = (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
@@ -251,6 +272,7 @@ class KubeAuthorizer:
         negative_ttl_s: float = 5.0,
         max_entries: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         review_timeout_s: float = REVIEW_TIMEOUT_S,
         max_in_flight: int = MAX_REVIEWS_IN_FLIGHT,
         reserved_for_known_good: int | None = None,
@@ -272,6 +294,7 @@ class KubeAuthorizer:
         # review draws on room junk cannot take, and on no client's budget.
         self._known_good: TtlLru[bool] = TtlLru(max_entries, clock)
         self.known_good_ttl_s = known_good_ttl_s
+        self._wall_clock = wall_clock  # JWT expiries are wall-clock times
         self._access: TtlLru[tuple[bool, str]] = TtlLru(max_entries, clock)
         self.review_timeout_s = review_timeout_s
         self._token_reviews: Coalescer[Principal | str] = Coalescer(max_in_flight)
@@ -359,9 +382,14 @@ class KubeAuthorizer:
             raise AuthUnavailable("cannot check the bearer token now: the Kubernetes API did not answer") from None
         result = self._principal(review)
         if isinstance(result, Principal):
-            self._principals.put(key, result, self.ttl_s)
-            self._known_good.put(key, True, self.known_good_ttl_s)
+            # Neither the answer nor the known-good mark outlives the token itself.
+            expiry = token_expiry(token)
+            left = float("inf") if expiry is None else expiry - self._wall_clock()
+            self._principals.put(key, result, min(self.ttl_s, left))
+            self._known_good.put(key, True, min(self.known_good_ttl_s, left))
         else:
+            # Revoked or expired since it was accepted: no longer spared the client's budget.
+            self._known_good.discard(key)
             self._refusals.put(key, result, self.negative_ttl_s)
         return result
 

@@ -29,6 +29,7 @@ from webhook.core.admin_view import RunaiAdminView, admin_view
 from webhook.core.gpu_view import GpuAvailability, find_project, project_gpu_view, view_node_pool
 from webhook.core.runai_data import RunaiData
 from webhook.http.auth import AuthError, Authorizer, bearer_token
+from webhook.metrics import WOULD_REFUSE_RECENT
 from webhook.runai.client import RunaiClient, RunaiError
 from webhook.runai.models import Department, NodePool, NodePoolMetrics, Project
 from webhook.runai.records import pool_metrics, runai_data
@@ -263,7 +264,7 @@ class GpuViews:
         data = self.runai_data()
         if snapshot.settings.run_ai_enable and (data is None or not data.has_data):
             return None
-        return admin_view(snapshot, data, left)
+        return admin_view(snapshot, data, left, WOULD_REFUSE_RECENT.recent(self._wall_clock()))
 
     async def load_left(self) -> Sequence[LeftProject]:
         """The Run:ai projects left by namespaces deleted while the integration was off (none

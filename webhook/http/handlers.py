@@ -4,9 +4,9 @@ its webhooks): `admission_handlers` returns the path → handler table the app s
 Without cluster parts (`serve --state DIR`, tests) the handlers decide from the caches alone; with
 them (against an apiserver) `/mutate/pods` binds an unbound project on its first pod,
 `/validate/pods` may look up a project and reserve GPUs, and `/validate/settings` knows the Run:ai
-department names. Both pod webhooks first read a pod's namespace that the watch has not delivered
-yet (`webhook.state.namespace_reader`), or refuse the pod with a retryable 503: never pass it as if
-it were no project's.
+department names. Both pod webhooks and `/validate/workloads` first read a namespace that the watch
+has not delivered yet (`webhook.state.namespace_reader`), or refuse with a retryable 503: never pass
+a pod or a Deployment as if it were no project's.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
+from webhook.core.enforcement import as_warning, warned_family
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
+from webhook.core.pod_updates import validate_pod_update
 from webhook.core.quota import validate_pod
-from webhook.core.scheduling import mutate_pod, unseen_namespace
-from webhook.core.workloads import validate_workload
+from webhook.core.scheduling import mutate_pod, request_namespace, unseen_namespace
+from webhook.core.workloads import unseen_workload_namespace, validate_workload
+from webhook.logformat import REVIEW_UID
+from webhook.metrics import WOULD_REFUSE_RECENT
 from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
 from webhook.runai.admission import Bind, mutate_pods_handler
@@ -51,8 +56,48 @@ class ClusterParts:
 def admission_handlers(
     state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None
 ) -> dict[str, AdmissionHandler]:
-    """The admission endpoints and their handlers. `/validate/workloads` is cache-only either way: a
-    scale without a template passes with a warning and its pods are checked one by one."""
+    """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
+    either way: a scale without a template passes with a warning and its pods are checked one by one."""
+    handlers = _handlers(state, guard, cluster)
+    for path in ("/validate/pods", "/validate/workloads"):
+        handlers[path] = warning_instead(state, handlers[path])
+    return {path: logging_review_uid(handler) for path, handler in handlers.items()}
+
+
+def warning_instead(
+    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time
+) -> AdmissionHandler:
+    """`handler`, with a refusal of a family the settings put in warn mode admitted, as a warning
+    and an audit annotation, and counted (`core.enforcement`, `metrics.WOULD_REFUSE`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        decision = await handler(request)
+        if decision.allowed:
+            return decision
+        family = warned_family(decision, state.snapshot().settings)
+        if family is None:
+            return decision
+        if not is_dry_run(request):  # counted when it would have kept something out of the cluster
+            WOULD_REFUSE_RECENT.record(family, request_namespace(request), clock())
+        return as_warning(decision, family)
+
+    return handle
+
+
+def logging_review_uid(handler: AdmissionHandler) -> AdmissionHandler:
+    """`handler`, with the review's uid on every log line written while it decides (`logformat`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        token = REVIEW_UID.set(request.get("uid"))
+        try:
+            return await handler(request)
+        finally:
+            REVIEW_UID.reset(token)
+
+    return handle
+
+
+def _handlers(state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None) -> dict[str, AdmissionHandler]:
     if cluster is None:
         return {
             "/mutate/pods": mutate_handler(state),
@@ -60,6 +105,7 @@ def admission_handlers(
             "/validate/pods": cached_pods_handler(state),
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
+            "/validate/pod-updates": pod_updates_handler(state, guard),
         }
     read = cluster.read_namespace
     return {
@@ -70,8 +116,13 @@ def admission_handlers(
         "/validate/pods": reading_unseen_namespaces(
             state, read, validate_pods_handler(state, cluster.reservations, lookup=cluster.lookup)
         ),
-        "/validate/workloads": cached_workloads_handler(state),
+        # A Deployment applied together with its namespace is judged as that project's.
+        "/validate/workloads": reading_unseen_namespaces(
+            state, read, cached_workloads_handler(state), unseen_workload_namespace
+        ),
         "/validate/settings": settings_handler(state, guard, cluster.runai_departments),
+        # Old and new pod are both in the review: no namespace or other cache is read.
+        "/validate/pod-updates": pod_updates_handler(state, guard),
     }
 
 
@@ -146,5 +197,14 @@ def settings_handler(
 ) -> AdmissionHandler:
     async def handle(request: Mapping[str, Any]) -> Decision:
         return validate_settings_request(request, state.snapshot(), config, runai_departments())
+
+    return handle
+
+
+def pod_updates_handler(state: ClusterState, config: GuardConfig) -> AdmissionHandler:
+    """A pod's scheduling labels and annotations stay as admitted (`core.pod_updates`)."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        return validate_pod_update(request, state.snapshot().settings, config)
 
     return handle

@@ -19,6 +19,11 @@ listener bounds each phase of a connection's life and how many there are:
   if none, the longest idle), never one with a request in flight (webhook.http.connections).
   Only when every connection has a request in flight is the newcomer refused at accept.
 
+A listener given `client_names` (the admission listener, whose context requires a client
+certificate from the apiserver's CA) also closes, right after the handshake, a connection whose
+certificate names none of them: a CA that signs other clients too then still admits only the
+apiserver.
+
 Kubelet probes and the metrics scraper use a listener of their own (see Runtime), so a flood on
 the main port cannot make the pod look dead.
 
@@ -44,7 +49,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from webhook.http.app import request_handler
 from webhook.http.connections import NEVER_SERVED, SERVED, ConnectionTable
+from webhook.logsafe import log_safe
 from webhook.metrics import CONNECTIONS_CLOSED, CONNECTIONS_OPEN
+from webhook.tls.watcher import client_certificate_names
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ SHED = "shed"
 EVICTED = "evicted"
 HEADER_TIMEOUT = "header_timeout"
 BODY_TIMEOUT = "body_timeout"
+CLIENT_REFUSED = "client_refused"  # a verified client certificate that names no accepted client
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,13 @@ class BoundedRequestHandler(RequestHandler):
         if self._socket is None:
             self._socket = transport
         super().connection_made(transport)
+        if self._listener.client_names and not self._listener.accepts_client(transport):
+            # Before the abort: a request that came with the handshake's last flight is already
+            # read and is fed to this handler once this returns; aiohttp drops data on a handler
+            # being force-closed.
+            self._force_close = True
+            self.abort()
+            return
         self._set_deadline(self._loop.time() + self._header_timeout_s, HEADER_TIMEOUT)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -268,8 +283,11 @@ class Listener:
         name: str = "main",
         *,
         reuse_port: bool = False,
+        client_names: frozenset[str] = frozenset(),
     ) -> None:
         self.runner = runner
+        self.client_names = client_names
+        self._refused_clients = 0
         self.reuse_port = reuse_port
         self.host = host
         self.port = port
@@ -286,7 +304,8 @@ class Listener:
         self.request_handler = request_handler(runner.app)
         self._gauge = CONNECTIONS_OPEN.labels(name)
         self._closed_counters = {
-            reason: CONNECTIONS_CLOSED.labels(name, reason) for reason in (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT)
+            reason: CONNECTIONS_CLOSED.labels(name, reason)
+            for reason in (SHED, EVICTED, HEADER_TIMEOUT, BODY_TIMEOUT, CLIENT_REFUSED)
         }
 
     @property
@@ -327,6 +346,25 @@ class Listener:
         if self.ssl_context is None:
             return handler
         return TlsConnection(handler, self.ssl_context, self.limits.handshake_timeout_s)
+
+    def accepts_client(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether the verified client certificate names one of `client_names`; a refusal is
+        counted, and logged on the first and then every 1,000th time (a flood writes no flood of lines)."""
+        names = client_certificate_names(transport.get_extra_info("peercert"))
+        if names & self.client_names:
+            return True
+        self._closed(CLIENT_REFUSED)
+        if self._refused_clients % 1000 == 0:
+            log.warning(
+                "%s listener: closed a connection whose client certificate names %s, none of the accepted %s "
+                "(%d refused so far)",
+                self.name,
+                log_safe(sorted(names), 200),
+                sorted(self.client_names),
+                self._refused_clients + 1,
+            )
+        self._refused_clients += 1
+        return False
 
     def _closed(self, reason: str) -> None:
         self._closed_counters[reason].inc()

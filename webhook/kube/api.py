@@ -131,8 +131,8 @@ class KubeApi:
             _content_type="application/merge-patch+json",
         )
 
-    async def list_namespaces(self, label_selector: str, *, call_path: CallPath = "background") -> list[Obj]:
-        """Every namespace matching `label_selector`, page by page."""
+    async def list_namespaces(self, label_selector: str = "", *, call_path: CallPath = "background") -> list[Obj]:
+        """Every namespace matching `label_selector` (empty: all of them), page by page."""
         items: list[Obj] = []
         token: str | None = None
         while True:

@@ -2,7 +2,13 @@
 
 The Kubernetes API is the shared store: one ConfigMap per project namespace, in the install
 namespace, whose data maps a reservation key (the pod's uid, see `request_key`) to JSON
-`{"gpus", "expires_at", "pod", "kind"}`. A label-selected watch feeds them to
+`{"gpus", "expires_at", "kept_until", "pod", "kind"}`.
+
+A reservation counts only until its pod shows in the pod watch, and for `gpu_reservation_confirm_s`
+(a setting, seconds) at most: a review that the apiserver never turned into a pod (one sent by
+someone else than the apiserver, or refused by a later webhook) holds GPUs that briefly. The entry
+itself is kept for `ttl_s`, counting nothing once lapsed, so that the same review sent again finds
+its key and is not given a new count: repeating a review renews nothing. A label-selected watch feeds them to
 `snapshot.gpu_reservations`, which the pure decisions read. `reserve` decides again against the
 ConfigMap as the API server holds it and writes the new entry with that resourceVersion: of two
 writers that read the same version, one gets 409, reads again and sees the other's GPUs.
@@ -41,8 +47,8 @@ NAMESPACE_ANNOTATION = "scheduling.hopsworks.ai/namespace"
 # A namespace name is a DNS label (<= 63), so the name stays a valid DNS subdomain of <= 80 chars.
 CONFIGMAP_PREFIX = "gpu-reservations."
 WATCH_NAME = "GpuReservation"  # key in state.synced (/readyz) and the watch metrics
-# Long enough to cover the pod cache's lag behind the API server on every replica; a pod that never
-# appears (refused by a later webhook, deleted at once) stops counting after it.
+# How long an entry's key is remembered after its write (its count lapses much sooner, see the
+# setting gpu_reservation_confirm_s): within it, the same review sent again reserves nothing new.
 DEFAULT_TTL_S = 120.0
 _DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
@@ -64,8 +70,13 @@ def parse_reservations(namespace: str, data: Mapping[str, Any] | None) -> dict[s
     for key, raw in (data or {}).items():
         try:
             value = json.loads(raw)
+            expires_at = float(value["expires_at"])
             out[key] = GpuReservation(
-                key=key, namespace=namespace, gpus=float(value["gpus"]), expires_at=float(value["expires_at"])
+                key=key,
+                namespace=namespace,
+                gpus=float(value["gpus"]),
+                expires_at=expires_at,
+                kept_until=max(expires_at, float(value.get("kept_until", expires_at))),
             )
         except (TypeError, ValueError, KeyError):
             # Someone edited it by hand: skip the entry rather than block the project.
@@ -166,7 +177,7 @@ class GpuReservations:
         for namespace, obj in list(self._objects.items()):
             if namespace in self.state.namespaces:
                 continue
-            if any(r.expires_at > now for r in self._reservations.get(namespace, {}).values()):
+            if any(r.kept_until > now for r in self._reservations.get(namespace, {}).values()):
                 continue
             version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
             try:
@@ -210,9 +221,11 @@ class GpuReservations:
         namespace, kind, gpus = need
         key = request_key(request)
         pod = (request.get("object") or {}).get("metadata") or {}
+        confirm_s = min(snapshot.settings.gpu_reservation_confirm_s, self.ttl_s)
         entry = {
             "gpus": gpus,
-            "expires_at": now + self.ttl_s,
+            "expires_at": now + confirm_s,
+            "kept_until": now + self.ttl_s,
             "pod": pod.get("name") or pod.get("generateName") or "",
             "kind": kind,
         }
@@ -254,11 +267,15 @@ class GpuReservations:
             decision = validate_pod(request, view, now)
             if not decision.allowed:
                 return decision
-            # Expired entries go on every write. Entries of pods this replica already sees stay
-            # until they expire: another replica's pod cache may lag, and it counts them only while
-            # it does not see the pod (the pure count skips a reservation whose pod is cached).
+            if key in current:
+                # The same review again (its key is the pod's uid): the entry stays as written, so
+                # sending a review over and over cannot keep its GPUs held.
+                return decision
+            # Entries past kept_until go on every write. Entries of pods this replica already sees
+            # stay: another replica's pod cache may lag, and it counts them only while it does not
+            # see the pod (the pure count skips a reservation whose pod is cached).
             data = {
-                k: v for k, v in ((cm or {}).get("data") or {}).items() if k in current and current[k].expires_at > now
+                k: v for k, v in ((cm or {}).get("data") or {}).items() if k in current and current[k].kept_until > now
             }
             data[key] = json.dumps(entry, separators=(",", ":"))
             try:

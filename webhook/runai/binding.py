@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -130,6 +130,11 @@ class Binder:
         self.wait_s = {"request": 3.0, "background": 10.0, **(wait_s or {})}
         self.poll_s = poll_s
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # What `unbind_deleted` already deleted in Run:ai for a namespace whose finalizer has not
+        # come off yet: namespace -> (its uid, the ids deleted). A finalizer patch that fails is
+        # retried on later passes, and those must not delete in Run:ai again. One entry per
+        # terminating namespace at most, dropped once it is gone (`forget_unbound`).
+        self._unbound: dict[str, tuple[str, tuple[str, ...], str | None]] = {}
 
     # -- binding ------------------------------------------------------------------------------
     async def ensure_bound(self, namespace: str, call_path: CallPath = "background") -> BindResult:
@@ -353,38 +358,78 @@ class Binder:
     async def unbind_deleted(self, namespace: str) -> UnbindResult:
         """For a namespace being deleted that carries our finalizer: delete the Run:ai project if we
         created it, then remove the finalizer. Raises RunaiDisabled when Run:ai would have to be
-        called while the integration is off, BindingUnavailable when Run:ai is unreachable."""
+        called while the integration is off, BindingUnavailable when Run:ai or the Kubernetes API is
+        unreachable, BindingError when the Kubernetes API refuses the finalizer's removal.
+
+        Whether the namespace still carries `hopsworks.ai/project` does not matter: the finalizer is
+        ours, so it comes off whatever labels are left. Run:ai's delete is called once per namespace
+        by this process, however often the finalizer's removal has to be tried again."""
         async with self._namespace_lock(namespace):
-            deleted: list[str] = []
-            left: str | None = None
             for _ in range(_MAX_ROUNDS):
                 try:
                     obj = await self.kube.get_namespace(namespace)
                 except KubeNotFound:
-                    return UnbindResult(namespace, tuple(deleted), left, False)
+                    return self._unbound_result(namespace, removed=False)
                 info = NamespaceInfo.from_object(obj)
-                finalizers = list((obj.get("metadata") or {}).get("finalizers") or ())
+                meta = obj.get("metadata") or {}
+                uid = str(meta.get("uid") or "")
+                finalizers = list(meta.get("finalizers") or ())
                 if not info.deleting or FINALIZER not in finalizers:
-                    return UnbindResult(namespace, tuple(deleted), left, False)
-                if not deleted:
+                    return self._unbound_result(namespace, removed=False)
+                done = self._unbound.get(namespace)
+                if done is None or done[0] != uid:
                     found, left = await self._delete_ours(info)
-                    deleted.extend(found)
+                    self._unbound[namespace] = (uid, tuple(found), left)
                 patch = {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER]}}
                 try:
-                    await self._patch(namespace, patch, info.resource_version, "background")
+                    await self.kube.patch_namespace(
+                        namespace, patch, resource_version=info.resource_version or None, call_path="background"
+                    )
                 except KubeConflict:
                     continue
                 except KubeNotFound:
-                    return UnbindResult(namespace, tuple(deleted), left, False)
-                if deleted:
+                    return self._unbound_result(namespace, removed=False)
+                except KubeError as exc:
+                    if 400 <= exc.status < 500:
+                        # Refused, not unreachable: other namespaces go on; this one is tried
+                        # again on the next pass, without a second delete in Run:ai.
+                        raise BindingError(
+                            f"the Kubernetes API refused to remove the finalizer {FINALIZER} from namespace "
+                            f"{namespace}: {exc}"
+                        ) from None
+                    raise BindingUnavailable(
+                        f"cannot update namespace {namespace} in the Kubernetes API: {exc}"
+                    ) from None
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise BindingUnavailable(
+                        f"cannot update namespace {namespace} in the Kubernetes API: {exc}"
+                    ) from None
+                result = self._unbound_result(namespace, removed=True)
+                if result.deleted:
                     self.events.record(
-                        obj, "RunaiProjectDeleted", f"deleted the Run:ai project {', '.join(deleted)} created for it"
+                        obj,
+                        "RunaiProjectDeleted",
+                        f"deleted the Run:ai project {', '.join(result.deleted)} created for it",
                     )
-                elif left:
-                    self.events.record(obj, "RunaiProjectLeft", f"left the adopted Run:ai project {left} in place")
-                log.info("namespace %s: Run:ai finalizer removed (deleted: %s)", namespace, deleted or "nothing")
-                return UnbindResult(namespace, tuple(deleted), left, True)
+                elif result.left:
+                    self.events.record(
+                        obj, "RunaiProjectLeft", f"left the adopted Run:ai project {result.left} in place"
+                    )
+                log.info("namespace %s: Run:ai finalizer removed (deleted: %s)", namespace, result.deleted or "nothing")
+                return result
             raise BindingBusy(f"namespace {namespace} kept changing while its Run:ai finalizer was being removed")
+
+    def _unbound_result(self, namespace: str, *, removed: bool) -> UnbindResult:
+        """The outcome for a namespace this process is done with: what it deleted in Run:ai (maybe
+        on an earlier try) and whether the finalizer came off now."""
+        _, deleted, left = self._unbound.pop(namespace, ("", (), None))
+        return UnbindResult(namespace, deleted, left, removed)
+
+    def forget_unbound(self, terminating: Collection[str]) -> None:
+        """Drop what is remembered for namespaces no longer terminating (gone, or the finalizer
+        removed by someone else)."""
+        for namespace in [n for n in self._unbound if n not in terminating]:
+            del self._unbound[namespace]
 
     async def _delete_ours(self, info: NamespaceInfo) -> tuple[list[str], str | None]:
         """Delete what this system created for the namespace; returns (deleted ids, adopted left)."""

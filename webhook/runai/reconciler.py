@@ -201,6 +201,7 @@ class Reconciler:
         report = PassReport()
         self._queue.clear()  # the pass covers everything queued so far
         enabled = self.state.settings.run_ai_enable
+        self.binder.forget_unbound({info.name for info in self.state.namespaces.values() if info.deleting})
         for info in list(self.state.namespaces.values()):
             if info.deleting:
                 await self._let_go(info.name, report)

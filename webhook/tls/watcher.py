@@ -47,6 +47,19 @@ def _server_context(client_ca_file: str | os.PathLike[str] | None, min_version: 
     return ctx
 
 
+def client_certificate_names(peercert: Any) -> frozenset[str]:
+    """The names a client certificate that the handshake verified carries: the subject's common
+    names and the DNS names of its subjectAltName (`SSLObject.getpeercert()`'s dict; anything
+    else, such as no certificate, has none)."""
+    if not isinstance(peercert, dict):
+        return frozenset()
+    names: set[str] = set()
+    for rdn in peercert.get("subject") or ():
+        names.update(str(value) for key, value in rdn if key == "commonName")
+    names.update(str(value) for kind, value in peercert.get("subjectAltName") or () if kind == "DNS")
+    return frozenset(names)
+
+
 def make_server_ssl_context(
     cert_file: str | os.PathLike[str],
     key_file: str | os.PathLike[str],

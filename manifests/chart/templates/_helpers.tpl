@@ -95,3 +95,18 @@ caBundle: {{ .Values.certs.secret.caBundle }}
     cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/scheduling-webhook
 {{- end -}}
 {{- end -}}
+
+{{/* The admission webhooks' port: the container's `admission` port and the Service's port of that
+name, which the webhook configurations call; the console and the APIs stay on 8443. */}}
+{{- define "sw.admissionPort" -}}9443{{- end -}}
+
+{{/* The file of the CA whose client certificates the admission port requires, or nothing. */}}
+{{- define "sw.admissionClientCA" -}}
+{{- if and .Values.certs.clientCAKey .Values.admission.clientCA -}}
+{{- fail "certs.clientCAKey and admission.clientCA both name the admission port's client CA: set one" -}}
+{{- else if .Values.certs.clientCAKey -}}
+/certs/{{ .Values.certs.clientCAKey }}
+{{- else if .Values.admission.clientCA -}}
+/admission-client-ca/ca.crt
+{{- end -}}
+{{- end -}}

@@ -32,7 +32,7 @@ import yaml
 
 from tests.support import peers
 from tests.support.control_plane.audit import AuditLog, write_policy
-from tests.support.control_plane.pki import ClientCert, Pki, client_cert, make_pki
+from tests.support.control_plane.pki import ClientCert, Pki, WebhookClient, client_cert, make_pki, webhook_client
 from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
 
@@ -103,6 +103,35 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, user: dict[str, str
     return path
 
 
+def write_admission_config(dir: Path, client: WebhookClient) -> Path:
+    """kube-apiserver's AdmissionConfiguration, as an operator who can configure the apiserver
+    writes it: both webhook plugins read a kubeconfig whose user `*` (every webhook; a name such as
+    `<service>.<namespace>.svc:<port>` would pick one) is the client certificate `client`. The
+    apiserver presents it only to a webhook whose TLS handshake asks for one."""
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "users": [{"name": "*", "user": {"client-certificate": str(client.cert.cert_file),
+                                         "client-key": str(client.cert.key_file)}}],
+    }  # fmt: skip
+    kubeconfig_file = dir / "webhook-clients.kubeconfig"
+    kubeconfig_file.write_text(yaml.safe_dump(kubeconfig))
+    webhook = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(kubeconfig_file),
+    }
+    config = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": webhook}
+                    for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")],
+    }  # fmt: skip
+    path = dir / "admission-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @dataclass
 class ControlPlane:
     dir: Path
@@ -115,6 +144,9 @@ class ControlPlane:
     audit: AuditLog  # what the audited users did, as the apiserver recorded it
     processes: dict[str, Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds to ready, per component
+    # The client certificate the apiserver presents to every webhook that asks for one
+    # (`write_admission_config`), and its CA: what an install's `admission.clientCA` names.
+    webhook_client: WebhookClient | None = None
 
     def kubectl(
         self,
@@ -208,9 +240,12 @@ def start_control_plane(
         return cert_kubeconfig(name, client_cert(pki, name, user, groups))
 
     admin_kubeconfig = cert_kubeconfig("admin", admin)
+    webhooks = webhook_client(dir / "pki")
+    admission_config = write_admission_config(dir, webhooks)
     audit_policy = write_policy(dir / "audit-policy.yaml", audited_users)
     audit = AuditLog(logs / "audit.jsonl")
     cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes), audit)
+    cp.webhook_client = webhooks
     t0 = time.monotonic()
 
     def started(name: str, proc: Process) -> Process:
@@ -245,6 +280,7 @@ def start_control_plane(
             f"--service-account-signing-key-file={pki.sa_key_file}",
             "--profiling=false",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit.path}",
+            f"--admission-control-config-file={admission_config}",
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),

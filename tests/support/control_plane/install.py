@@ -51,6 +51,7 @@ TLS_SECRET = "scheduling-webhook-tls"
 RUNAI_SECRET_NAME = "runai-hopsworks"
 RUNAI_CLIENT_SECRET = "e2e-runai-secret"
 LEASE = "scheduling-webhook-leader"
+ADMISSION_PORT = 9443  # the Service's port `admission`, which the webhook configurations call
 # The server's pods, and the chart's uninstall Job: both really run.
 APP_SELECTOR = "app.kubernetes.io/name in (scheduling-webhook,scheduling-webhook-uninstall)"
 
@@ -138,6 +139,16 @@ class Install:
                 values += [s.value for s in family.samples if s.name == name and s.labels == labels]
         return values
 
+    def admission_ssl(self, *, as_apiserver: bool = True) -> ssl.SSLContext:
+        """A client context for the admission port: trusting the chart's CA, and presenting the
+        client certificate the control plane gives its apiserver for webhooks, or none."""
+        ctx = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
+        ctx.check_hostname = False  # the certificate names the Service, not its address
+        client = self.cp.webhook_client
+        if as_apiserver and client is not None:
+            ctx.load_cert_chain(client.cert.cert_file, client.cert.key_file)
+        return ctx
+
     def apply_webhook_configurations(self, mutation: Callable[[list[Obj]], None] | None) -> None:
         """Re-apply the render's webhook configurations, changed by `mutation` (None: as rendered);
         configurations the change renamed away are deleted, and put back afterwards."""
@@ -198,8 +209,12 @@ def helm_install(cp: ControlPlane, values: Obj, *extra: str, command: str = "ins
 
 
 def install(cp: ControlPlane, dir: Path, values: Obj | None = None) -> Install:
+    """Values without `admission` get the control plane's webhook client CA and name: the
+    admission port then admits the apiserver alone, as an operator who configures it installs."""
     dir.mkdir(parents=True, exist_ok=True)
     values = dict(values or {})
+    if "admission" not in values and cp.webhook_client is not None:
+        values["admission"] = {"clientCA": cp.webhook_client.ca_pem.decode(), "clientNames": [cp.webhook_client.name]}
     rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
     # As the install guide says: the namespace and the Run:ai client's Secret, then the chart.
     cp.kubectl("create", "namespace", INSTALL_NS)

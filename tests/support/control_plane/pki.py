@@ -95,3 +95,32 @@ def client_cert(pki: Pki, name: str, user: str, groups: tuple[str, ...] = ()) ->
     attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, user))
     pair = _leaf(pki.ca, x509.Name(attrs), ExtendedKeyUsageOID.CLIENT_AUTH)
     return ClientCert(*_write_pair(pki.dir, name, pair))
+
+
+# The name on the client certificate kube-apiserver presents to admission webhooks.
+WEBHOOK_CLIENT_NAME = "kube-apiserver-webhook-client"
+
+
+@dataclass(frozen=True)
+class WebhookClient:
+    """What kube-apiserver presents to an admission webhook that asks for a client certificate,
+    from a CA of its own: a webhook that trusts this CA admits the apiserver and no other client of
+    the control plane (the cluster CA also signs the admin's, the controllers' and kwok's)."""
+
+    ca: CertKey
+    ca_file: Path
+    cert: ClientCert
+    name: str = WEBHOOK_CLIENT_NAME
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca.cert_pem
+
+
+def webhook_client(dir: Path) -> WebhookClient:
+    ca = make_ca("scheduling-webhook test apiserver webhook clients", days=7)
+    ca_file = dir / "webhook-client-ca.crt"
+    write_file_atomic(ca_file, ca.cert_pem, 0o644)
+    pair = _leaf(ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, WEBHOOK_CLIENT_NAME)]),
+                 ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
+    return WebhookClient(ca, ca_file, ClientCert(*_write_pair(dir, "webhook-client", pair)))
