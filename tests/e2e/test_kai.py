@@ -326,7 +326,8 @@ async def test_what_kais_podgrouper_does_when_a_running_pod_is_relabelled(cluste
     queue, as in a project they would be): a running job pod relabelled
     `kai.scheduler/preemptibility=non-preemptible` makes its PodGroup non-preemptible, so the
     project's Queue holds a non-preemptible GPU over its quota of 0, which KAI would never have
-    placed; `runai/queue` changed to another project leaves the PodGroup in the first queue."""
+    placed; `runai/queue` changed to another project leaves the PodGroup in the first queue. In a
+    project our webhook refuses both edits."""
     jobs = await bound_project(cluster, kai, "kai-edit", quota=0)
     other = await bound_project(cluster, kai, "kai-other", quota=2)
     outside = await cluster.plain_namespace("kai-edit-outside")
@@ -364,6 +365,20 @@ async def test_what_kais_podgrouper_does_when_a_running_pod_is_relabelled(cluste
     await asyncio.sleep(5)  # the podgrouper has seen the update (it acted on the first within seconds)
     assert group_spec()["queue"] == jobs, group_spec()
     assert gpus_of(queue_usage(kai.queue(other) or {}))["allocated"] == 0
+
+    # In a project, our webhook refuses both edits of a running job pod, naming the key.
+    await cluster.apply(gpu_job("train", jobs, pods=1, gpus=1))
+
+    async def ours_running() -> Obj | None:
+        pods = await cluster.list("pods", jobs, "-l", "job-name=train")
+        return next((p for p in pods if p["status"].get("phase") == "Running"), None)
+
+    mine = (await cluster.eventually(ours_running, "the project's job pod Running", 90))["metadata"]["name"]
+    for key, value in ((PREEMPTIBILITY, "non-preemptible"), (QUEUE_LABEL, other)):
+        stderr = await cluster.refused("label", "pod", mine, "-n", jobs, f"{key}={value}", "--overwrite")
+        assert f"label {key} changed from " in stderr, stderr
+    mine_group = kai.pod_group_of(jobs, mine) or {}
+    assert (mine_group["spec"]["preemptibility"], mine_group["spec"]["queue"]) == ("preemptible", jobs), mine_group
 
 
 def fraction_notebook(name: str, namespace: str, **annotations: str) -> Obj:

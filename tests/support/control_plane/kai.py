@@ -25,9 +25,12 @@ configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue lab
   `admission.kai-scheduler.svc`, is where controller-runtime reads it by default:
   `$TMPDIR/k8s-webhook-server/serving-certs`, TMPDIR being this harness's folder.
 - Each command talks to the apiserver as the admin (`KUBECONFIG`): KAI's RBAC is not what these
-  tests are about. Metrics and probes listen on 127.0.0.1 (the scheduler's plugin server, like
-  the webhook server, takes only a port); the queue and pod-group controllers' own webhooks (Queue
-  and PodGroup validation) are off: no test writes a bad Queue or PodGroup.
+  tests are about. The pod grouper is the exception: it runs as KAI's install runs it,
+  ServiceAccount `pod-grouper` of `kai-scheduler` (bound to cluster-admin), the identity our chart
+  lets name a pod's PodGroup after creation (`podGroupers`); as the admin its patch is refused.
+  Metrics and probes listen on 127.0.0.1 (the scheduler's plugin server, like the webhook server,
+  takes only a port); the queue and pod-group controllers' own webhooks (Queue and PodGroup
+  validation) are off: no test writes a bad Queue or PodGroup.
 - kwok runs no container, so the container of KAI's GPU reservation pods (it writes the GPU it was
   given on its pod, which the binder waits for) is played by the tests that need it
   (tests/e2e/test_kai.py, `with_reservations_played`).
@@ -64,6 +67,7 @@ WEBHOOK = f"{SERVICE}.{NAMESPACE}.svc"
 MUTATING = "mutating-kai-admission"
 VALIDATING = "validating-kai-admission"
 RESERVATION_NAMESPACE = "kai-resource-reservation"
+POD_GROUPER_SA = "pod-grouper"  # KAI's operator's name for it
 QUEUE_API = "scheduling.run.ai/v2"
 PODGROUP_API = "scheduling.run.ai/v2alpha2"
 COMMANDS = ("podgrouper", "scheduler", "binder", "podgroupcontroller", "queuecontroller", "admission")
@@ -215,6 +219,16 @@ def start_kai(cp: ControlPlane, dir: Path) -> Kai:
     (cert_dir / "tls.key").write_bytes(cert.key_pem)
 
     env = {"KUBECONFIG": str(cp.admin_kubeconfig)}
+    # The pod grouper as KAI's own install runs it, ServiceAccount pod-grouper: the identity our
+    # chart lets write a pod's `pod-group-name` after creation (values.yaml podGroupers).
+    cp.apply([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": POD_GROUPER_SA, "namespace": NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": f"{NAMESPACE}-{POD_GROUPER_SA}"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+         "subjects": [{"kind": "ServiceAccount", "name": POD_GROUPER_SA, "namespace": NAMESPACE}]},
+    ])  # fmt: skip
+    grouper = cp.token_kubeconfig(dir / "pod-grouper.kubeconfig", cp.token(NAMESPACE, POD_GROUPER_SA, "12h"))
     probes = {name: free_port() for name in COMMANDS}
 
     def local() -> str:
@@ -243,6 +257,8 @@ def start_kai(cp: ControlPlane, dir: Path) -> Kai:
     try:
         for name in COMMANDS:
             extra = {"TMPDIR": str(tmp)} if name == "admission" else {}
+            if name == "podgrouper":
+                extra = {"KUBECONFIG": str(grouper)}
             proc = Process(f"kai-{name}", [str(binaries[name]), *argv[name]], cp.dir / "logs", env={**env, **extra})
             kai.processes[name] = proc
             cp.processes[f"kai-{name}"] = proc
