@@ -12,7 +12,9 @@ affinity, anti-affinity and a priority class. Reports medians over rounds and th
 
 Also the first pod of an unbound project with Run:ai on: from `kubectl apply` of a one-replica
 Deployment to its pod stored (the first attempt is refused while the binding settles; the real
-ReplicaSet controller retries).
+ReplicaSet controller retries). And, with KAI-Scheduler running (tests/support/control_plane/
+kai.py), a 1-GPU notebook of a bound project from `kubectl apply` to Running: our webhooks, Run:ai's
+admission stand-in and KAI's, KAI's podgrouper, scheduler and binder, kwok (--kai-rounds, median).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import yaml
 from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import INSTALL_NS, Install, installed
+from tests.support.control_plane.kai import QueueSync, kai_running, set_department_quota
 
 Obj = dict[str, Any]
 IMAGE = "registry.example/notebook:1.0"
@@ -126,12 +129,68 @@ def first_pod_seconds(cp: ControlPlane, inst: Install) -> float:
     return elapsed
 
 
+def gpu_notebook(namespace: str, name: str) -> Obj:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"}},
+        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+
+
+def wait(what: str, check: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {within:.0f} s")
+        time.sleep(0.05)
+
+
+def kai_notebook_seconds(cp: ControlPlane, inst: Install, rounds: int) -> list[float]:
+    """Apply to Running of a 1-GPU notebook in a bound project, placed by KAI, one at a time."""
+    runai = inst.runai
+
+    async def department() -> None:
+        set_department_quota(runai, "default", 10)
+
+    inst.background.run(department())
+    with kai_running(cp, cp.dir / "kai") as kai:
+        print(f"KAI serving in {kai.timings['total']:.1f} s")
+        sync = QueueSync(cp, runai, inst.background).start()
+        try:
+            data = {"run_ai_enable": "true", "run_ai_url": runai.url, "run_ai_client_id": runai.client_id,
+                    "run_ai_project_gpu_quota": "2"}  # fmt: skip
+            cp.kubectl("patch", "configmap", "hopsworks-cluster-settings", "-n", INSTALL_NS, "--type", "merge",
+                       "-p", json.dumps({"data": data}))  # fmt: skip
+            name = project(cp, "kai")
+            wait("binding", lambda: "runai/queue" in cp.get_json("namespace", name)["metadata"]["labels"], 60)
+            wait("KAI Queue", lambda: kai.queue(name) is not None, 30)
+            times = []
+            for i in range(rounds):
+                body = yaml.safe_dump(gpu_notebook(name, f"nb-{i}"))
+                start = time.monotonic()
+                # Refused while the binding settles (retryable), as a controller would retry.
+                while cp.kubectl("apply", "-f", "-", input=body, check=False).returncode != 0:
+                    if time.monotonic() - start > 30:
+                        raise RuntimeError("notebook refused for 30 s")
+                    time.sleep(0.1)
+                wait("notebook Running", lambda i=i: cp.get_json("pod", f"nb-{i}", "-n", name)["status"].get("phase")
+                     == "Running", 120)  # fmt: skip
+                times.append(time.monotonic() - start)
+                cp.kubectl("delete", "pod", f"nb-{i}", "-n", name, "--wait=true")
+            cp.kubectl("delete", "namespace", name, "--wait=false")
+            inst.reset_settings()
+            return times
+        finally:
+            sync.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.real_cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=200, help="sequential creations per turn (latency)")
     parser.add_argument("--seconds", type=float, default=10.0, help="8 concurrent clients, per turn")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--first-pod-rounds", type=int, default=3)
+    parser.add_argument("--kai-rounds", type=int, default=5, help="GPU notebooks placed by KAI, one at a time")
     args = parser.parse_args(argv)
     dir = Path(tempfile.mkdtemp(prefix="swh-bench-cp-"))
     try:
@@ -156,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             inst.apply_webhook_configurations(None)
             inst.reset_settings()
             firsts = [first_pod_seconds(cp, inst) for _ in range(args.first_pod_rounds)]
+            kai = kai_notebook_seconds(cp, inst, args.kai_rounds) if args.kai_rounds else []
     finally:
         shutil.rmtree(dir, ignore_errors=True)
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in results.items()}
@@ -168,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{w['creates_per_s_8'] / wo['creates_per_s_8']:.2f} |")  # fmt: skip
     print(f"\nfirst pod of an unbound project, apply to stored: {', '.join(f'{s:.2f} s' for s in firsts)} "
           f"(median {statistics.median(firsts):.2f} s)")  # fmt: skip
+    if kai:
+        print(f"GPU notebook through KAI, apply to Running: {', '.join(f'{s:.2f} s' for s in kai)} "
+              f"(median {statistics.median(kai):.2f} s)")  # fmt: skip
     return 0
 
 

@@ -26,6 +26,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.support import chart
 from tests.support.chart import HelmFailed
+from webhook.core.workloads import WORKLOAD_KINDS
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -553,7 +554,11 @@ def test_pod_update_webhook_sees_only_label_and_annotation_edits_of_pods(rendere
 def test_workload_webhook_covers_pod_owners(rendered: list[dict[str, Any]]) -> None:
     hook = webhooks(rendered)["validate-workloads.scheduling.hopsworks.ai"]
     covered = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert {("apps", "deployments"), ("apps", "statefulsets"), ("batch", "jobs")} <= covered
+    # Every kind of Kubernetes' own whose labels reach a pod's PodGroup, as the check reads them.
+    assert {(group, plural) for (group, _), plural in WORKLOAD_KINDS.items()} <= covered
+    # The quota promise depends on the owners' labels: an outage must not let one in.
+    assert hook["failurePolicy"] == "Fail"
+    assert [c["expression"] for c in hook["matchConditions"]] == ["!has(object.metadata.deletionTimestamp)"]
     for rule in hook["rules"]:
         # A scale has no template: only its UPDATE can change what a Kueue pod group holds.
         scale = rule["resources"] == ["deployments/scale"]

@@ -3,6 +3,8 @@
 The cases of KAI v0.17.0's own validator tests (`pkg/binder/plugins/gpusharing/gpu-request/
 gpu_request_validator_test.go`, `pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing_test.go`),
 written here as our own table, plus the edges of Go's ParseFloat/ParseUint that KAI relies on.
+tests/e2e/test_kai.py runs every row through KAI's real admission too: it refuses the same rows,
+but the hostile long fraction, which we refuse unparsed and KAI admits.
 A pod KAI would refuse is refused by the mutating phase (before Run:ai's webhooks see it) and
 the validating phase, with our reason, before anything counts its GPUs.
 """

@@ -58,7 +58,20 @@ def test_a_second_run_builds_nothing() -> None:
     result = run(env)
     assert result.returncode == 0, result.stderr
     lines = peer_lines(result.stderr)
-    # (a module that cannot be pinned here is left out, and says so: hack/peers/kai/README.md)
-    settled = (": up to date (", ": not pinned yet, left out")
-    assert lines and all(any(s in line for s in settled) for line in lines), result.stderr
+    assert lines and all(": up to date (" in line for line in lines), result.stderr
     assert any(line.startswith("peers: kube: up to date (") for line in lines), result.stderr
+
+
+def test_a_source_tarball_that_is_not_the_pinned_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    """KAI comes as a tarball from the shared folder (hack/peers/kai/source): checked before use."""
+    if shutil.which("go") is None:
+        pytest.skip("needs Go")
+    tarball = tmp_path / "shared" / "peers" / "KAI-Scheduler-v0.17.0.tar.gz"
+    tarball.parent.mkdir(parents=True)
+    tarball.write_bytes(b"not the release")
+    env = {**os.environ, "PEERS_DIR": str(tmp_path / "peers"), "SCHEDULING_WEBHOOK_SHARED": str(tmp_path / "shared")}
+    result = run(env, "kai")
+    assert result.returncode == 2
+    assert peer_lines(result.stderr) == [
+        f"peers: kai: {tarball} does not have sha256 85764d2d239785154d185b849367331b0dff074ead8396b3a9d5396738656683"
+    ]

@@ -96,7 +96,9 @@ def test_the_quota_table_decides_alike(case: test_quota.Case) -> None:
     }
     queue = {"runai/queue": case.queue, test_quota.PREEMPTIBILITY: case.preemptibility} if case.queue else {}
     labels = {**case.labels, **queue}
-    review = pod_review(case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners)
+    review = pod_review(
+        case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners, spec=case.spec
+    )
     full, typed = both(review)
     now = test_quota.NOW
     assert validate_pod(typed, snap, now=now) == validate_pod(full, snap, now=now)

@@ -1,11 +1,11 @@
-"""Preemptibility as Run:ai reads a pod (issue 19): workload kind x priority class value x override.
+"""Preemptibility as Run:ai reads a pod: workload kind x priority class value x override.
 
-For every cell, four readings must agree once the mutating webhook has labelled the pod:
+For every cell, three readings must agree once the mutating webhook has labelled the pod:
 `core.preemptibility` (what admission, the cache, the GPU view and the offer ask), the patch it
-wrote, the Run:ai stand-in's accounting of `allocatedNonPreemptible` (KAI's rule written out again
-in `tests/support/kai_rules.py`), and the quota check itself (a non-preemptible pod over quota is
-refused, a preemptible one is not). The promise: jobs preemptible, everything else not, whatever
-class was chosen. The unlabelled pod shows why the label is needed: Run:ai would read the class.
+wrote, and the quota check itself (a non-preemptible pod over quota is refused, a preemptible one
+is not). The promise: jobs preemptible, everything else not, whatever class was chosen. What KAI's
+real podgrouper makes of the label (the PodGroup's preemptibility) is shown through the real
+scheduler in tests/e2e/test_kai.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import SCHEDULER, cluster_state, namespace, settings_configmap
-from tests.support.kai_rules import kai_preemptible
 from tests.support.reviews import apply_patch, assert_decision, owned_by, pod_review
-from tests.support.runai_standin import RunaiStandin
 from webhook.core.decision import Reason
 from webhook.core.guard_config import GuardConfig
 from webhook.core.preemptibility import runai_preemptibility
@@ -101,14 +99,6 @@ def test_function_patch_standin_and_quota_check_agree(kind: str, chosen: str, ov
     assert seen.preemptible is promised_preemptible, seen.why
     assert pod_record(patched, snap.settings, snap.priority_classes).preemptible is promised_preemptible
 
-    # Run:ai's own accounting, written apart from the webhook's.
-    runai = RunaiStandin(check_spec=False)
-    runai.add_project("vision", namespace="vision", gpu_quota=0)
-    runai.account("vision", [patched], CLASS_VALUES)
-    status = runai.project("vision")["status"]["quotaStatus"]  # type: ignore[index]
-    assert status["allocated"]["gpu"] == GPUS
-    assert status["allocatedNonPreemptible"]["gpu"] == (0 if promised_preemptible else GPUS)
-
     # The quota check follows: with no deserved GPUs, only what Run:ai may preempt starts.
     request = copy.deepcopy(data["request"])
     request["object"] = patched
@@ -117,20 +107,6 @@ def test_function_patch_standin_and_quota_check_agree(kind: str, chosen: str, ov
         assert_decision(decision, allowed=True)
     else:
         assert_decision(decision, allowed=False, reason=Reason.GPU_QUOTA_EXCEEDED, message=("0 of 0 deserved GPUs",))
-
-
-def test_without_the_label_run_ai_would_read_the_class_and_break_the_promise() -> None:
-    # The same cells before the webhook labels them: Run:ai decides by the class's value.
-    broken = []
-    for kind, chosen in itertools.product(KINDS, PLATFORM_CLASSES):
-        labels, owners = KINDS[kind]
-        pod = pod_review("vision", labels=labels, gpus=1, owners=owners)["request"]["object"]
-        pod["spec"]["priorityClassName"] = chosen
-        if kai_preemptible(pod, CLASS_VALUES) is not (kind in ("job", "system-job")):
-            broken.append((kind, chosen))
-    # Jobs on a class of 100 and over wait pending over quota; the rest below 100 run over it.
-    assert ("job", "normal") in broken and ("job", "edge") in broken and ("notebook", "scavenger") in broken
-    assert ("job", "scavenger") not in broken and ("notebook", "normal") not in broken
 
 
 def test_a_pod_that_would_escape_run_ais_pod_grouper_is_refused_before_it_is_counted() -> None:

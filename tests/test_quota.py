@@ -71,6 +71,20 @@ class Case:
     warning: str = ""
     queue: str | None = "vision"  # the pod's runai/queue label, as the mutating webhook set it
     preemptibility: str = "non-preemptible"  # the label the mutating webhook set with runai/queue
+    spec: dict[str, Any] | None = None  # pod spec fields to set (containers replace the fixture's)
+
+
+def gpu_container(
+    limits: dict[str, str] | None = None, requests: dict[str, str] | None = None, **more: Any
+) -> dict[str, Any]:
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v is not None}
+    return {"name": "c", "image": "i", "resources": resources, **more}
+
+
+DRA_SPEC = {
+    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+    "containers": [{"name": "c", "image": "i", "resources": {"claims": [{"name": "gpu"}]}}],
+}
 
 
 CASES = [
@@ -291,6 +305,75 @@ CASES = [
         reason="Invalid",
         message=("annotation gpu-fraction must be more than 0 and less than 1",),
     ),
+    # GPUs the quota must count as the scheduler counts them, or refuse saying what it cannot count.
+    Case(
+        "MIG instances (mixed strategy) count their slices as GPUs: 4 x 3g.20gb is 12",
+        gpus=None,
+        spec={"containers": [gpu_container({"nvidia.com/mig-3g.20gb": "4"})]},
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("2 of 2 deserved GPUs left", "asks for 12"),
+    ),
+    Case(
+        "MIG instances within the quota",
+        gpus=None,
+        spec={"containers": [gpu_container({"nvidia.com/mig-1g.5gb": "2"})]},
+    ),
+    Case(
+        "a MIG profile KAI cannot count is a 400 naming it",
+        gpus=None,
+        spec={"containers": [gpu_container({"nvidia.com/mig-1c.3g.20gb": "1"})]},
+        allowed=False,
+        reason="Invalid",
+        message=("nvidia.com/mig-1c.3g.20gb is a MIG profile whose GPU share cannot be read",),
+    ),
+    Case(
+        "a GPU request above a limit of 0 counts what the scheduler counts: the request",
+        gpus=None,
+        spec={"containers": [gpu_container({"nvidia.com/gpu": "0"}, {"nvidia.com/gpu": "3"})]},
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("asks for 3",),
+    ),
+    Case(
+        "GPUs through DRA claims cannot be counted: a non-preemptible pod is refused saying so",
+        gpus=None,
+        spec=DRA_SPEC,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("DRA resource claims of this pod (gpu)", "cannot be counted", "nvidia.com/gpu"),
+    ),
+    Case(
+        "DRA claims beside whole GPUs are refused too",
+        gpus=1,
+        spec=DRA_SPEC,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("DRA resource claims",),
+    ),
+    Case(
+        "a job's DRA claims are not counted: jobs are never checked",
+        labels={"job-name": "train"},
+        owners=owned_by("Job"),
+        gpus=None,
+        spec=DRA_SPEC,
+        preemptibility="preemptible",
+    ),
+    Case("Run:ai off: DRA claims are not Run:ai's", run_ai=False, gpus=None, spec=DRA_SPEC),
+    # Owners as Run:ai's pod grouper reads them: the first ownerReference (tests/test_kai_owners.py).
+    Case(
+        "issue: [ConfigMap labelled non-preemptible, Job (controller)], labelled preemptible: refused, not 8 of 2",
+        labels={"job-name": "train"},
+        owners=[
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "uid-cm"},
+            *owned_by("Job"),
+        ],
+        gpus=8,
+        preemptibility="preemptible",
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("first ownerReference is ConfigMap cm",),
+    ),
     Case(
         "issue 10.5: a job's unreadable GPU request is refused too (it would be cached as NaN)",
         labels={"job-name": "train"},
@@ -320,7 +403,9 @@ def test_pod_validation(case: Case) -> None:
         }
     }
     labels = {**case.labels, **({"runai/queue": case.queue, PREEMPTIBILITY: case.preemptibility} if case.queue else {})}
-    data = pod_review(case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners)
+    data = pod_review(
+        case.namespace, labels=labels, annotations=case.annotations, gpus=case.gpus, owners=case.owners, spec=case.spec
+    )
     decision = validate_pod(data["request"], snap, now=NOW)
     assert_decision(decision, allowed=case.allowed, reason=case.reason, message=case.message, warning=case.warning)
 

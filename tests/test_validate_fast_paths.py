@@ -1,7 +1,8 @@
 """The /validate/pods path's shortcuts give the answers of the full reads they skip (issue 22).
 
-`pod_gpu_request` passes over containers without the GPU resource before reading them in full,
-`runai_pod_refusal` lets a pod without any annotation it reads through at once, and
+`pod_gpu_request` passes over containers asking for CPU, memory or ephemeral storage alone before
+reading them in full, `runai_pod_refusal` lets a pod without owners or any annotation it reads
+through at once, `unreviewed_owner` passes the usual owners with one set lookup, and
 `runai_preemptibility` makes each answer once per PriorityClass record or settings label. Each is
 held here against the full read, on tables and on random pods.
 """
@@ -17,8 +18,13 @@ from hypothesis import strategies as st
 
 from webhook.core import preemptibility
 from webhook.core.gpu_sharing import gpu_sharing_error
-from webhook.core.kinds import GpuRequestError, parse_quantity, pod_gpu_request
-from webhook.core.preemptibility import escapes_pod_grouper, runai_preemptibility
+from webhook.core.kinds import GpuRequestError, kai_owner, parse_quantity, pod_gpu_request
+from webhook.core.preemptibility import (
+    REVIEWED_OWNERS,
+    escapes_pod_grouper,
+    runai_preemptibility,
+    unreviewed_owner,
+)
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.settings import ClusterSettings
 from webhook.snapshot import PriorityClassInfo
@@ -78,6 +84,12 @@ GPU_CASES = [
         3.0,
     ),
     ("another restartPolicy is no sidecar", pod(c({GPU: "1"}), init=[c({GPU: "2"}, restartPolicy="Never")]), 2.0),
+    # What the scheduler counts is the request; the apiserver makes it equal to the limit.
+    ("a request above a limit of 0 counts", pod(c({GPU: "0"}, {GPU: "3"})), 3.0),
+    ("MIG instances count their slices (mixed strategy)", pod(c({"nvidia.com/mig-3g.20gb": "4"})), 12.0),
+    ("a MIG request only", pod(c(None, {"nvidia.com/mig-1g.5gb": "2"})), 2.0),
+    ("MIG beside a whole GPU", pod(c({GPU: "1", "nvidia.com/mig-2g.10gb": "1"})), 3.0),
+    ("MIG in an init container", pod(c(), init=[c({"nvidia.com/mig-7g.80gb": "1"})]), 7.0),
 ]
 
 
@@ -105,6 +117,13 @@ GPU_ERRORS = [
     ("spec a list", {"spec": ["x"]}, "spec must be an object"),
     ("annotations a list", pod(annotations=["x"]), "metadata.annotations must be an object"),
     ("a fraction above 1", pod(annotations={"gpu-fraction": "2"}), "must be at most 1"),
+    (
+        "a MIG profile that cannot be counted",
+        pod(c({"nvidia.com/mig-1c.3g.20gb": "1"})),
+        "resources.limits[nvidia.com/mig-1c.3g.20gb]: nvidia.com/mig-1c.3g.20gb is a MIG profile whose GPU share",
+    ),
+    ("a MIG quantity", pod(c({"nvidia.com/mig-1g.5gb": "x"})), "limits[nvidia.com/mig-1g.5gb]: not a quantity"),
+    ("a request beside a limit", pod(c({GPU: "1"}, {GPU: "x"})), "requests[nvidia.com/gpu]: not a quantity"),
 ]
 
 
@@ -124,7 +143,11 @@ def test_digits_fast_path_matches_the_grammar(text: str) -> None:
     assert parse_quantity(text) == parse_quantity(f" {text}")  # the padded form takes the full path
 
 
-# The reading before the shortcut (main 679b2d8's `_container_gpus` loop), as the reference.
+MIG = "nvidia.com/mig-3g.20gb"  # 3 of a GPU's 7 slices: 3 GPUs to the quota, as KAI counts it
+
+
+# The plain reading, written apart from the shortcut: every container's limits and requests in
+# full, each GPU resource the larger of its limit and its request.
 def reference_gpus(pod_: dict[str, Any]) -> float:
     spec = pod_.get("spec") or {}
 
@@ -132,13 +155,15 @@ def reference_gpus(pod_: dict[str, Any]) -> float:
         resources = container.get("resources") or {}
         if not isinstance(resources, dict):
             raise GpuRequestError("resources")
+        counted = {GPU: 0.0, MIG: 0.0}
         for section in ("limits", "requests"):
             amounts = resources.get(section) or {}
             if not isinstance(amounts, dict):
                 raise GpuRequestError(section)
-            if GPU in amounts:
-                return parse_quantity(amounts[GPU], 1024.0)
-        return 0.0
+            for name, each in ((GPU, 1.0), (MIG, 3.0)):
+                if name in amounts:
+                    counted[name] = max(counted[name], parse_quantity(amounts[name], 1024.0) * each)
+        return counted[GPU] + counted[MIG]
 
     app = sum(one(x) for x in spec.get("containers") or [] if isinstance(x, dict))
     # Sidecars (restartPolicy Always) as the scheduler counts them: beside the app containers and
@@ -156,7 +181,7 @@ AMOUNT = st.one_of(st.sampled_from(["1", "2", "500m", "x", "-1", "", "1e2"]), st
 SECTION = st.one_of(
     st.none(),
     st.sampled_from(["", "x", 0, []]),
-    st.dictionaries(st.sampled_from([GPU, "cpu", "memory"]), AMOUNT, max_size=3),
+    st.dictionaries(st.sampled_from([GPU, MIG, "cpu", "memory"]), AMOUNT, max_size=3),
 )
 CONTAINER = st.one_of(
     st.builds(lambda limits, requests, policy: {"name": "c", "resources": {"limits": limits, "requests": requests},
@@ -198,7 +223,9 @@ READ_ANNOTATIONS: dict[str, Any] = {
 
 def full_refusal(pod_: dict[str, Any]) -> tuple[str | None, str | None]:
     meta = pod_.get("metadata") or {}
-    return gpu_sharing_error(pod_), escapes_pod_grouper(meta) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return gpu_sharing_error(pod_), None
+    return gpu_sharing_error(pod_), unreviewed_owner(meta) or escapes_pod_grouper(meta)
 
 
 @pytest.mark.parametrize("key", sorted(READ_ANNOTATIONS))
@@ -223,17 +250,21 @@ def test_each_annotation_read_still_reaches_the_checks(key: str) -> None:
         ),
     ),
     st.booleans(),
-    st.booleans(),
+    st.sampled_from([None, ("apps/v1", "ReplicaSet"), ("v1", "ConfigMap"), ("ray.io/v1", "RayCluster")]),
 )
-def test_early_exit_refuses_as_the_full_checks(annotations: Any, whole_gpu: bool, owned: bool) -> None:
+def test_early_exit_refuses_as_the_full_checks(
+    annotations: Any, whole_gpu: bool, owned: tuple[str, str] | None
+) -> None:
     pod_ = pod(c({GPU: "1"} if whole_gpu else {"cpu": "1"}), annotations=annotations)
     if owned:
-        pod_["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "r", "uid": "u", "controller": True}]
+        api_version, kind = owned
+        ref = {"apiVersion": api_version, "kind": kind, "name": "r", "uid": "u", "controller": True}
+        pod_["metadata"]["ownerReferences"] = [ref]
     sharing, escape = full_refusal(pod_)
     refused = runai_pod_refusal(pod_)
     assert (refused is None) == (sharing is None and escape is None)
     if refused is not None:
-        assert (sharing or escape or "") in refused.message
+        assert any(reason in refused.message for reason in (sharing, escape) if reason)
 
 
 # -- runai_preemptibility's answers, made once per cluster object ----------------------------------
@@ -295,3 +326,26 @@ def test_the_memo_is_bounded() -> None:
         cls = PriorityClassInfo(f"c{i}", i)
         runai_preemptibility({}, cls.name, {cls.name: cls}, SETTINGS)
     assert len(preemptibility._class_answers) <= preemptibility._MEMO_LIMIT
+
+
+# -- unreviewed_owner's set lookup of the usual owners ----------------------------------------------
+
+OWNER_REFS = [
+    ("apps/v1", "ReplicaSet"), ("apps/v1beta2", "ReplicaSet"), ("v1", "Pod"), ("batch/v1", "Job"),
+    ("batch/v1", "CronJob"), ("v1", "ReplicationController"), ("apps/v1", "DaemonSet"), ("v1", "ConfigMap"),
+    ("apps/v1", "ControllerRevision"), ("rbac.authorization.k8s.io/v1", "Role"), ("ray.io/v1", "RayCluster"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"), ("example.com/v1", "ReplicaSet"), ("v2", "Pod"), ("", "Pod"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("api_version", "kind"), OWNER_REFS)
+def test_the_usual_owners_lookup_answers_as_the_full_read(api_version: str, kind: str) -> None:
+    meta = {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "o", "uid": "u"}]}
+    owner = kai_owner(meta)
+    assert owner is not None
+    group = owner.group
+    builtin = group in ("", "apps", "batch", "autoscaling", "policy") or (
+        group.endswith(".k8s.io") and not group.endswith(".x-k8s.io")
+    )
+    expected_refused = builtin and (group, kind) not in REVIEWED_OWNERS
+    assert (unreviewed_owner(meta) is not None) is expected_refused

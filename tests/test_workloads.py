@@ -82,7 +82,7 @@ def as_kind(request: Request, group: str, kind: str, resource: str) -> Request:
     request["resource"] = {"group": group, "version": "v1", "resource": resource}
     for key in ("object", "oldObject"):
         if request.get(key):
-            request[key]["apiVersion"] = f"{group}/v1"
+            request[key]["apiVersion"] = f"{group}/v1" if group else "v1"
             request[key]["kind"] = kind
     return request
 
@@ -111,6 +111,45 @@ def owned_by(request: Request, kind: str) -> Request:
         {"apiVersion": "apps/v1", "kind": kind, "name": "api", "uid": "u-1", "controller": True}
     ]
     return request
+
+
+def first_owned_by(request: Request, api_version: str, kind: str, *, controller: bool = False) -> Request:
+    """`request`'s object with one more ownerReference, put first: the one Run:ai's pod grouper reads."""
+    refs = request["object"]["metadata"].setdefault("ownerReferences", [])
+    refs.insert(0, {"apiVersion": api_version, "kind": kind, "name": "x", "uid": "u-x", "controller": controller})
+    return request
+
+
+def labelled(request: Request, labels: dict[str, str], annotations: dict[str, str] | None = None) -> Request:
+    """`request`'s object with these labels (and annotations) of its own (not its template's)."""
+    meta = request["object"]["metadata"]
+    meta.setdefault("labels", {}).update(labels)
+    meta.setdefault("annotations", {}).update(annotations or {})
+    return request
+
+
+def job_template_labelled(
+    request: Request, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> Request:
+    """A CronJob whose job template carries these labels (and annotations): its Jobs' own."""
+    template = request["object"]["spec"]["jobTemplate"]
+    template["metadata"] = {"labels": labels, "annotations": annotations or {}}
+    return request
+
+
+def template_spec(request: Request, **fields: Any) -> Request:
+    request["object"]["spec"]["template"]["spec"].update(fields)
+    return request
+
+
+def template_resources(request: Request, limits: dict[str, str]) -> Request:
+    container = request["object"]["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"limits": limits}
+    return request
+
+
+DRA = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+NON_PREEMPTIBLE = {"kai.scheduler/preemptibility": "non-preemptible"}
 
 
 def scale(old: int, new: int, ns: str = "vision", name: str = "api", resource: str = "deployments") -> Request:
@@ -271,6 +310,129 @@ CASES = [
     Case(
         "ReplicaSet controlled by a Deployment is not checked again (rollouts keep working)",
         lambda: owned_by(as_kind(workload(replicas=5, gpus=1), "apps", "ReplicaSet", "replicasets"), "Deployment"),
+    ),
+    # Owners as Run:ai's pod grouper reads them: the first ownerReference, with its API group.
+    Case(
+        "ReplicaSet controlled by a Deployment of another API group is checked",
+        lambda: first_owned_by(
+            as_kind(workload(replicas=5, gpus=1), "apps", "ReplicaSet", "replicasets"),
+            "example.com/v1",
+            "Deployment",
+            controller=True,
+        ),
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+    ),
+    Case(
+        "ReplicaSet whose first owner is a ConfigMap, its Deployment second, is refused",
+        lambda: first_owned_by(
+            owned_by(as_kind(workload(replicas=1, gpus=1), "apps", "ReplicaSet", "replicasets"), "Deployment"),
+            "v1",
+            "ConfigMap",
+        ),
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("ReplicaSet api: its first ownerReference is ConfigMap x", "never reviews"),
+    ),
+    Case(
+        "Job whose first owner is a ConfigMap is refused",
+        lambda: first_owned_by(as_job(workload(gpus=4, labels={"job-name": "train"})), "v1", "ConfigMap"),
+        deserved=0,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("Job api: its first ownerReference is ConfigMap x",),
+    ),
+    Case(
+        "Job of a JobSet (a custom resource) is not judged here",
+        lambda: first_owned_by(
+            as_job(workload(gpus=4, labels={"job-name": "train"})),
+            "jobset.x-k8s.io/v1alpha2",
+            "JobSet",
+            controller=True,
+        ),
+        deserved=0,
+    ),
+    Case(
+        "Deployment labelled with another project's Run:ai queue is refused",
+        lambda: labelled(workload(replicas=1, gpus=1), {"runai/queue": "other"}),
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("label runai/queue=other on this object would put its pods in that Run:ai queue instead of vision",),
+    ),
+    Case(
+        "Deployment labelled with its own project's queue passes",
+        lambda: labelled(workload(replicas=1, gpus=1), {"runai/queue": "vision"}),
+    ),
+    Case(
+        "ReplicaSet of its own labelled preemptible while its pods are not is refused",
+        lambda: labelled(
+            as_kind(workload(replicas=1, gpus=1, labels={}), "apps", "ReplicaSet", "replicasets"),
+            {"kai.scheduler/preemptibility": "preemptible"},
+        ),
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("label kai.scheduler/preemptibility=preemptible on this object",),
+    ),
+    Case(
+        "CronJob labelled non-preemptible is refused",
+        lambda: labelled(as_cronjob(workload(gpus=4, labels={"job-name": "train"})), NON_PREEMPTIBLE),
+        deserved=0,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("CronJob api: label kai.scheduler/preemptibility=non-preemptible",),
+    ),
+    Case(
+        "CronJob whose job template is labelled non-preemptible is refused: its Jobs carry the label",
+        lambda: job_template_labelled(as_cronjob(workload(gpus=4, labels={"job-name": "train"})), NON_PREEMPTIBLE),
+        deserved=0,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("CronJob api: its job template's label kai.scheduler/preemptibility=non-preemptible",),
+    ),
+    Case(
+        "CronJob whose job template skips the pod grouper is refused",
+        lambda: job_template_labelled(
+            as_cronjob(workload(gpus=4, labels={"job-name": "train"})), {}, {"kai.scheduler/skip-podgrouper": "true"}
+        ),
+        deserved=0,
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("its job template's annotation kai.scheduler/skip-podgrouper",),
+    ),
+    Case(
+        "DaemonSet is checked, as one pod",
+        lambda: as_kind(workload(replicas=None, gpus=5), "apps", "DaemonSet", "daemonsets"),
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("DaemonSet api", "1 × 5 GPUs"),
+    ),
+    Case(
+        "ReplicationController is checked like a ReplicaSet",
+        lambda: as_kind(workload(replicas=5, gpus=1), "", "ReplicationController", "replicationcontrollers"),
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("ReplicationController api",),
+    ),
+    # GPUs as the scheduler counts them (tests/test_quota.py has the pod's side).
+    Case(
+        "MIG instances in the template count their slices",
+        lambda: template_resources(workload(replicas=2, gpus=None), {"nvidia.com/mig-2g.10gb": "1"}),
+        deserved=3,
+        allowed=False,
+        reason=Reason.GPU_QUOTA_EXCEEDED,
+        message=("asks for 4 ", "2 × 2 GPUs"),
+    ),
+    Case(
+        "DRA claims in a Deployment's template are refused: their GPUs cannot be counted",
+        lambda: template_spec(workload(replicas=1, gpus=None), **DRA),
+        allowed=False,
+        reason=Reason.FORBIDDEN,
+        message=("DRA resource claims of the pods of Deployment api (gpu)", "cannot be counted"),
+    ),
+    Case(
+        "a Job's DRA claims pass: jobs are never checked",
+        lambda: template_spec(as_job(workload(gpus=None, labels={"job-name": "train"})), **DRA),
+        deserved=0,
     ),
     Case(
         "Job is never checked",

@@ -9,6 +9,13 @@
 # A module may also list in `files` data the tests read from a dependency (a module, a path in it,
 # a folder under $PEERS_DIR/share): CRDs, stage configs, charts.
 #
+# A peer the Go module proxy does not serve comes as a source tarball in the shared folder
+# ($SCHEDULING_WEBHOOK_SHARED, default ../shared beside the clone): its module folder has a
+# `source` file (tarball path in the shared folder, sha256, folder under $PEERS_DIR/src) instead of
+# go.mod/go.sum. The tarball is checked and extracted there, and the packages in `binaries` are
+# built inside the extracted tree, with its own go.mod; `files` then names paths in that tree
+# (module `.`).
+#
 # Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
 # unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
 # binaries are all there is not built again: a second run builds nothing and calls no go command.
@@ -16,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PEERS_HACK=$PWD
 REPO=$(cd ../.. && pwd)
+SHARED=${SCHEDULING_WEBHOOK_SHARED:-$REPO/../shared}
 PEERS_DIR=${PEERS_DIR:-.peers}
 [[ $PEERS_DIR == /* ]] || PEERS_DIR=$REPO/$PEERS_DIR  # relative to the clone, as the tests read it
 mkdir -p "$PEERS_DIR/bin" "$PEERS_DIR/stamps"
@@ -41,12 +49,39 @@ default_name() {
   printf '%s' "$last"
 }
 
-build_module() {
-  local module=$1 dir=$PEERS_HACK/$1
-  if [ ! -f "$dir/go.mod" ] && [ -x "$dir/pin.sh" ]; then
-    die "$module: not pinned yet (no hack/peers/$module/go.mod): run hack/peers/$module/pin.sh VERSION first"
+# The tree a `source` module builds in: the tarball extracted under $PEERS_DIR/src, checked
+# against its sha256; an extraction already there is kept when tar finds it equal to the tarball
+# (so a second clone sharing PEERS_DIR, or a tree another build is reading, is not replaced).
+source_tree() {
+  local module=$1 tarball sum folder
+  read -r tarball sum folder < <(grep -v '^#' "$PEERS_HACK/$module/source" | grep -m1 .)
+  local file=$SHARED/$tarball dest=$PEERS_DIR/src/$folder
+  if [ -f "$dest/.sha256" ] && [ "$(cat "$dest/.sha256")" = "$sum" ] && [ -f "$dest/.top" ]; then
+    printf '%s' "$dest/$(cat "$dest/.top")"; return
   fi
-  [ -f "$dir/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
+  [ -f "$file" ] || die "$module: no $file (its source tarball; set SCHEDULING_WEBHOOK_SHARED to the shared folder)"
+  [ "$(sha256sum "$file" | cut -d' ' -f1)" = "$sum" ] || die "$module: $file does not have sha256 $sum"
+  local top
+  top=$(tar -tzf "$file" | sed -n '1s,/.*,,p')  # (sed reads it all: no SIGPIPE under pipefail)
+  if ! { [ -d "$dest/$top" ] && tar -dzf "$file" -C "$dest" >/dev/null 2>&1; }; then
+    say "$module: extracting $tarball into $dest"
+    rm -rf "$dest.new"; mkdir -p "$dest.new"
+    tar -xzf "$file" -C "$dest.new"
+    rm -rf "$dest"; mv "$dest.new" "$dest"
+  fi
+  printf '%s\n' "$top" > "$dest/.top"
+  printf '%s\n' "$sum" > "$dest/.sha256"
+  printf '%s' "$dest/$top"
+}
+
+build_module() {
+  local module=$1 dir=$PEERS_HACK/$1 tree=""
+  if [ -f "$dir/source" ]; then
+    tree=$(source_tree "$module")
+  else
+    [ -f "$dir/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
+  fi
+  local srcdir=${tree:-$dir}
   local names=() pkgs=()
   if [ -f "$dir/binaries" ]; then
     while read -r name pkg _; do
@@ -57,7 +92,7 @@ build_module() {
   local ldflags=""
   [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$dir/go.mod" "$dir/go.sum"; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/source" 2>/dev/null || true; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
   for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
   if [ -f "$dir/files" ]; then
@@ -72,7 +107,7 @@ build_module() {
   say "$module: resolving modules (GOPROXY=$(go env GOPROXY))"
   local err
   # The module graph (go.mod files only): the first thing that fails when the proxy is unreachable.
-  if ! err=$(cd "$dir" && go list -m all 2>&1 >/dev/null); then
+  if ! err=$(cd "$srcdir" && go list -m all 2>&1 >/dev/null); then
     die "$module: cannot download its Go modules from GOPROXY=$(go env GOPROXY): $(printf '%s' "$err" | grep -m1 -v '^go: downloading')"
   fi
   local start=$SECONDS
@@ -82,7 +117,7 @@ build_module() {
     say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
     # -v names each package as it is compiled: counted here into a progress line.
     set +e
-    ( cd "$dir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
+    ( cd "$srcdir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
       awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
     local rc=${PIPESTATUS[0]}
     set -e
@@ -92,18 +127,22 @@ build_module() {
     done
     rm -rf "$out"
   fi
-  copy_files "$module" "$dir"
+  copy_files "$module" "$dir" "$tree"
   printf '%s\n' "$stamp" > "$PEERS_DIR/stamps/$module"
   say "$module: done in $((SECONDS - start)) s (into $PEERS_DIR)"
 }
 
 copy_files() {
-  local module=$1 dir=$2
+  local module=$1 dir=$2 tree=${3:-}
   [ -f "$dir/files" ] || return 0
   while read -r mod path dest _; do
     [[ -z ${mod:-} || $mod == \#* ]] && continue
     local src
-    src=$(cd "$dir" && go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    if [ "$mod" = . ]; then
+      src=$tree
+    else
+      src=$(cd "$dir" && go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    fi
     [ -e "$src/$path" ] || die "$module: $mod has no $path"
     rm -rf "$PEERS_DIR/share/$dest"; mkdir -p "$PEERS_DIR/share/$dest"
     cp -R "$src/$path/." "$PEERS_DIR/share/$dest/"
@@ -113,10 +152,8 @@ copy_files() {
 
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
-  for f in "$PEERS_HACK"/*/go.mod; do modules+=("$(basename "$(dirname "$f")")"); done
-  # A module whose release the proxy does not serve yet has only its pin.sh (see kai/pin.sh).
-  for f in "$PEERS_HACK"/*/pin.sh; do
-    [ -f "$(dirname "$f")/go.mod" ] || say "$(basename "$(dirname "$f")"): not pinned yet, left out (hack/peers/$(basename "$(dirname "$f")")/pin.sh)"
+  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/source; do
+    [ -f "$f" ] && modules+=("$(basename "$(dirname "$f")")")
   done
 fi
 for m in "${modules[@]}"; do build_module "$m"; done

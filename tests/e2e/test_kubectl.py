@@ -172,6 +172,10 @@ async def check_routing_with_the_servers_down(cluster: Cluster) -> None:
     await asyncio.to_thread(local.scale, 0)
     stderr = await cluster.refused("run", "nb", "-n", project, f"--image={IMAGE}")
     assert f'failed calling webhook "{MUTATE}"' in stderr, stderr
+    # Pod owners too: Run:ai reads their labels before their pods'.
+    stderr = await cluster.refused("create", "cronjob", "nightly", "-n", project, f"--image={IMAGE}",
+                                   "--schedule=0 0 1 1 *")  # fmt: skip
+    assert 'failed calling webhook "validate-workloads.scheduling.hopsworks.ai"' in stderr, stderr
     name = f"probe-{project}"  # unique: the system namespaces outlive the test
     for namespace in ("kube-system", INSTALL_NS):
         await cluster.ok("run", name, "-n", namespace, f"--image={IMAGE}")
@@ -361,3 +365,70 @@ async def test_a_deployments_pods_carry_the_merged_scheduling(cluster: Cluster) 
         await asyncio.sleep(1)
     assert expressions(pods[0]) == [("disk", "In", ("ssd",)), ("maintenance", "NotIn", ("true",))]
     assert pods[0]["spec"]["priorityClassName"] == "normal"
+
+
+def gpu_cronjob(name: str, namespace: str, *, labels: dict[str, str] | None = None,
+                job_labels: dict[str, str] | None = None) -> Obj:  # fmt: skip
+    container = {"name": "main", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    job_template: Obj = {"spec": {"template": {"spec": {"containers": [container], "restartPolicy": "Never"}}}}
+    if job_labels:
+        job_template["metadata"] = {"labels": job_labels}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {"schedule": "0 0 1 1 *", "suspend": True, "jobTemplate": job_template},
+    }
+
+
+def replica_set(name: str, namespace: str, labels: dict[str, str]) -> Obj:
+    pod_labels = {"app": name, "hopsworks.ai/workload-type": "notebook"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": pod_labels},
+                              "spec": {"containers": [{"name": "main", "image": IMAGE}]}}},
+    }  # fmt: skip
+
+
+async def test_owners_labelled_against_their_pods_are_refused_by_kubectl_apply(cluster: Cluster) -> None:
+    """Run:ai reads the preemptibility and queue from a pod's owners before the pod: CronJobs and
+    ReplicaSets (and a CronJob's job template, which its Jobs carry) labelled otherwise than the
+    platform makes their pods are refused at apply, and so is a pod whose first owner is a
+    ConfigMap; owners labelled as their pods pass."""
+    await turn_runai_on(cluster)
+    project = await cluster.project("owners")
+
+    async def bound() -> bool:
+        return "runai/queue" in (await cluster.get("namespace", project))["metadata"]["labels"]
+
+    await cluster.eventually(bound, f"{project} bound to Run:ai")
+    workloads = 'admission webhook "validate-workloads.scheduling.hopsworks.ai" denied the request'
+    refusals = {
+        "CronJob night": gpu_cronjob("night", project, labels={"kai.scheduler/preemptibility": "non-preemptible"}),
+        "CronJob nightly: its job template's label": gpu_cronjob(
+            "nightly", project, job_labels={"kai.scheduler/preemptibility": "non-preemptible"}
+        ),
+        "ReplicaSet nb": replica_set("nb", project, {"kai.scheduler/preemptibility": "preemptible"}),
+        "ReplicaSet nb2: label runai/queue=elsewhere": replica_set("nb2", project, {"runai/queue": "elsewhere"}),
+    }
+    for said, obj in refusals.items():
+        stderr = await cluster.refused("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+        assert workloads in stderr and said in stderr, stderr
+    # Labelled as the platform makes their pods, they pass.
+    await cluster.apply(gpu_cronjob("fine", project, labels={"kai.scheduler/preemptibility": "preemptible"}))
+    await cluster.apply(replica_set("fine", project, {"kai.scheduler/preemptibility": "non-preemptible"}))
+
+    # A pod whose first ownerReference is a ConfigMap labelled non-preemptible, its Job second.
+    await cluster.ok("create", "configmap", "cm", "-n", project)
+    await cluster.ok("label", "configmap", "cm", "-n", project, "kai.scheduler/preemptibility=non-preemptible")
+    uid = (await cluster.get("configmap", "cm", project))["metadata"]["uid"]
+    notebook = pod("owned", project)
+    notebook["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": uid}]
+    notebook["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "8"}}
+    result, _ = await as_a_controller(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(notebook))
+    assert result.rc != 0, str(result)
+    assert f'admission webhook "{MUTATE}" denied the request' in result.stderr, result.stderr
+    assert "first ownerReference is ConfigMap cm" in result.stderr, result.stderr

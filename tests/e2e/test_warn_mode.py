@@ -16,6 +16,11 @@ from tests.e2e.test_kubectl import gpu_deployment, pod, turn_runai_on
 pytestmark = pytest.mark.slow
 
 
+# The 503 a pod of a project bound moments ago gets while the binding settles on every replica:
+# retryable, and the ReplicaSet controller or the platform tries again, as the loops below do.
+SETTLING = "RunaiBindingSettling"
+
+
 def gpu_notebook(name: str, namespace: str, gpus: int) -> str:
     notebook = pod(name, namespace)
     notebook["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
@@ -51,7 +56,9 @@ async def test_warn_admits_and_counts_then_enforce_refuses(cluster: Cluster) -> 
             warned = await cluster.kubectl("apply", "-f", "-", stdin=gpu_notebook("nb-warn", project, 3))
             if warned.rc == 0:
                 break
-            assert "GpuQuotaExceeded" in warned.stderr and time.monotonic() < deadline, str(warned)
+            assert ("GpuQuotaExceeded" in warned.stderr or SETTLING in warned.stderr) and time.monotonic() < deadline, (
+                str(warned)
+            )
             await asyncio.sleep(0.3)
         assert (
             "Warning: admitted because gpu_quota_enforcement is warn; with enforce this is refused: " in warned.stderr
@@ -66,10 +73,11 @@ async def test_warn_admits_and_counts_then_enforce_refuses(cluster: Cluster) -> 
         deadline = time.monotonic() + 20
         while True:
             refused = await cluster.kubectl("apply", "-f", "-", stdin=gpu_notebook("nb-next", project, 1))
-            if refused.rc != 0:
+            if refused.rc != 0 and SETTLING not in refused.stderr:
                 break
             assert time.monotonic() < deadline, "still admitted with enforce on"
-            await cluster.ok("delete", "pod", "nb-next", "-n", project, "--wait=false")  # a replica still in warn
+            if refused.rc == 0:  # a replica still in warn
+                await cluster.ok("delete", "pod", "nb-next", "-n", project, "--wait=false")
             await asyncio.sleep(0.3)
         assert refused.stderr.startswith("Error from server (GpuQuotaExceeded)"), str(refused)
         assert f"project {project} has 0 of 2 deserved GPUs left; this notebook asks for 1" in refused.stderr

@@ -28,7 +28,6 @@ from typing import Any
 
 from aiohttp import web
 
-from .kai_rules import kai_preemptible, pod_gpus
 from .openapi_check import Violation, spec_middleware
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -372,30 +371,39 @@ class RunaiStandin:
         project["status"]["nodePoolQuotaStatuses"] = statuses
         project["status"]["quotaStatus"] = self._sum_status(statuses)
 
-    def account(
-        self,
-        name: str,
-        pods: Iterable[Mapping[str, Any]],
-        priority_classes: Mapping[str, int],
-        *,
-        node_pool: str | None = None,
-    ) -> None:
-        """Run:ai's own accounting of the project's scheduled pods, as KAI classifies them
-        (`tests.support.kai_rules`, written apart from the webhook's): `allocated` is every GPU,
-        `allocatedNonPreemptible` those of pods it will not preempt."""
-        allocated = non_preemptible = 0.0
-        for pod in pods:
-            gpus = pod_gpus(pod)
-            allocated += gpus
-            if not kai_preemptible(pod, priority_classes):
-                non_preemptible += gpus
-        self.set_project_usage(
-            name,
-            allocated=allocated,
-            allocated_non_preemptible=non_preemptible,
-            requested=allocated,
-            node_pool=node_pool,
-        )
+    # ---- the cluster side: KAI Queues ---------------------------------------------------------
+
+    def kai_queues(self, cluster_id: str | None = None) -> list[tuple[str, str | None, float]]:
+        """The KAI Queues Run:ai's cluster side keeps for this state, as (name, parent, deserved GPUs):
+        a department is a parent queue, each of its projects a child queue, and deserved GPUs are
+        the quota on the default node pool (the pool KAI schedules onto here)."""
+        cluster_id = cluster_id or self.cluster_id
+        pool = self.default_node_pool(cluster_id)["id"]
+
+        def deserved(resources: Iterable[Mapping[str, Any]]) -> float:
+            return sum(float((r.get("gpu") or {}).get("deserved") or 0) for r in resources
+                       if (r.get("nodePool") or {}).get("id") == pool)  # fmt: skip
+
+        departments = {d["id"]: d for d in self.departments.values() if d["clusterId"] == cluster_id}
+        queues: list[tuple[str, str | None, float]] = [
+            (d["name"], None, deserved(d["resources"])) for d in departments.values()
+        ]
+        for p in self.projects.values():
+            parent = departments.get(p["parentId"])
+            if p["clusterId"] == cluster_id and parent is not None:
+                queues.append((p["name"], parent["name"], deserved(p["resources"])))
+        return queues
+
+    def take_queue_usage(self, usage: Mapping[str, tuple[float, float, float]]) -> None:
+        """Each project's GPUs from its Queue's status (allocated, allocatedNonPreemptible,
+        requested): what Run:ai reports is what the scheduler allocated."""
+        for project in list(self.projects.values()):
+            if project["clusterId"] != self.cluster_id:
+                continue
+            allocated, non_preemptible, requested = usage.get(project["name"], (0.0, 0.0, 0.0))
+            self.set_project_usage(
+                project["name"], allocated=allocated, allocated_non_preemptible=non_preemptible, requested=requested
+            )
 
     # ---- tokens ---------------------------------------------------------------------------
 

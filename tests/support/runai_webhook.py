@@ -1,10 +1,13 @@
-"""A stand-in for Run:ai's own mutating admission webhook, to run in the emulated admission chain.
+"""A stand-in for the closed part of Run:ai's admission: it hands pods to Run:ai's scheduler.
 
-Run:ai's webhooks (configurations named `runai-*`) select pods by the namespace label `runai/queue`
-and hand them to Run:ai's scheduler. This one does only the visible part: it sets
-`spec.schedulerName: runai-scheduler` and records each review it got, so a test can tell whether a
-stored pod went through Run:ai's admission. It is registered like Run:ai's, through its own
-MutatingWebhookConfiguration whose name sorts after ours, and served over HTTPS with its own CA.
+Run:ai's webhooks (configurations named `runai-*`) select pods by the namespace label `runai/queue`.
+The part of them that is open is KAI-Scheduler's admission, which runs for real beside it
+(tests/support/control_plane/kai.py: GPU-sharing mutation and validation). The part that is not,
+and that KAI's admission does not do, is played here: it sets `spec.schedulerName: runai-scheduler`
+and records each review it got, so a test can tell whether a stored pod went through Run:ai's
+admission. It is registered like Run:ai's, through its own MutatingWebhookConfiguration whose name
+sorts after ours and KAI's (KAI's mutating webhook is reinvoked once this one has set the name), and
+served over HTTPS with its own CA.
 """
 
 from __future__ import annotations

@@ -6,12 +6,17 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.settings import PREEMPTIBLE_KINDS, WORKLOAD_KINDS, WorkloadKindRules
 
 WORKLOAD_TYPE_LABEL = "hopsworks.ai/workload-type"
 GPU_RESOURCE = "nvidia.com/gpu"
+# The NVIDIA device plugin's MIG instances in its mixed strategy, one resource per profile:
+# `nvidia.com/mig-3g.20gb` is 3 of a GPU's 7 compute slices with 20 GB of its memory.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# The profiles KAI counts (`ExtractGpuAndMemoryFromMigResourceName`): <slices>g.<memory>gb.
+_MIG_PROFILE_RE = re.compile(r"nvidia\.com/mig-([0-9]{1,2})g\.([0-9]{1,4})gb")
 # Run:ai's GPU-sharing annotations.
 GPU_FRACTION_ANNOTATION = "gpu-fraction"
 GPU_FRACTION_DEVICES_ANNOTATION = "gpu-fraction-num-devices"
@@ -19,24 +24,70 @@ GPU_MEMORY_ANNOTATION = "gpu-memory"
 
 
 def controller_owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(API group, kind) of the object's controller: its ownerReference with `controller: true`."""
+    """(API group, kind) of the object's controller: its ownerReference with `controller: true`.
+    Kueue reads a pod's owner this way; Run:ai's pod grouper does not (`kai_owner`)."""
     for ref in meta.get("ownerReferences") or ():
         # type() first: parsed JSON is a dict, and the Mapping ABC's check is the slow part here.
         if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True and ref.get("uid"):
-            api_version, kind = ref.get("apiVersion"), ref.get("kind")
-            # str() only for what the schema check does not guarantee (a folder's object, a cache).
-            if type(api_version) is not str:
-                api_version = str(api_version or "")
-            if type(kind) is not str:
-                kind = str(kind or "")
-            return (api_version.rpartition("/")[0], kind)  # "batch/v1" -> "batch", "v1" -> ""
+            return _group_kind(ref)
     return None
+
+
+def _group_kind(ref: Mapping[str, Any]) -> tuple[str, str]:
+    api_version, kind = ref.get("apiVersion"), ref.get("kind")
+    # str() only for what the schema check does not guarantee (a folder's object, a cache).
+    if type(api_version) is not str:
+        api_version = str(api_version or "")
+    if type(kind) is not str:
+        kind = str(kind or "")
+    return (api_version.rpartition("/")[0], kind)  # "batch/v1" -> "batch", "v1" -> ""
+
+
+class OwnerRef(NamedTuple):
+    """An ownerReference as Run:ai's pod grouper follows it (a tuple: made on every review of an
+    owned pod, and a tuple is made in C)."""
+
+    group: str
+    kind: str
+    name: str
+    controller: bool  # `controller: true`, with a uid
+
+
+def kai_owner(meta: Mapping[str, Any]) -> OwnerRef | None:
+    """The owner Run:ai's pod grouper reads before the object itself, None when it has none.
+
+    KAI v0.17.0 (`pkg/podgrouper/podgrouper/podgrouper.go`, `getResourceOwners`) follows the first
+    ownerReference, of any kind and whether or not it is the controller, then that owner's first,
+    up to the top; the preemptibility and priority class labels are taken from those owners before
+    the pod, the queue from the top one, and a skip annotation on any of them keeps the pod out.
+    Every rule that depends on what Run:ai reads from owners starts here.
+    """
+    refs = meta.get("ownerReferences")
+    if not refs or type(refs) is not list:
+        return None
+    ref = refs[0]
+    if type(ref) is not dict and not isinstance(ref, Mapping):
+        return OwnerRef("", "", "", False)  # the apiserver refuses it; nothing can vouch for it
+    group, kind = _group_kind(ref)
+    name = ref.get("name")
+    return OwnerRef(
+        group, kind, name if type(name) is str else "", ref.get("controller") is True and bool(ref.get("uid"))
+    )
+
+
+def pod_controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(API group, kind) of the pod's first owner when it is also the controller: the one owner
+    that both the controller count of the platform's kinds and Run:ai's pod grouper read. A pod
+    whose first ownerReference is not its controller has none here, so no owner makes it a job
+    while Run:ai reads its preemptibility from another object."""
+    owner = kai_owner(meta)
+    return (owner.group, owner.kind) if owner is not None and owner.controller else None
 
 
 def pod_kind(labels: Mapping[str, Any], meta: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
     """`classify_workload` of a pod with metadata `meta`; its ownerReferences are read only when
     the labels do not say (most pods: a notebook, an app, a deployment)."""
-    return _labelled_kind(labels, rules) or _owned_kind(labels, rules, controller_owner(meta))
+    return _labelled_kind(labels, rules) or _owned_kind(labels, rules, pod_controller(meta))
 
 
 def is_job_owner(controller: tuple[str, str] | None, rules: WorkloadKindRules) -> bool:
@@ -50,7 +101,8 @@ def classify_workload(
 
     Anyone who creates a pod writes its labels, so a label can make a pod a notebook, terminal, app
     or deployment (checked) but never a job (exempt): a job is a pod controlled by one of
-    `rules.job_owners`, and labels then only tell a system job from a job. An ownerReference can be
+    `rules.job_owners` (`controller`: the pod's first ownerReference, when it is the controller;
+    see `pod_controller`), and labels then only tell a system job from a job. An ownerReference can be
     written too, but the apiserver's garbage collector deletes a pod whose owner does not exist,
     and a pod of a real Job is that Job's pod.
     """
@@ -166,35 +218,67 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def mig_gpus(resource: str) -> float:
+    """What one instance of a MIG resource counts against the GPU quota, as KAI counts it
+    (`GpuResourceRequirement.GetGpusQuota`): its compute slices as whole GPUs, so `mig-3g.20gb`
+    is 3. Raises ValueError for a profile that grammar does not read (KAI would count it as 0)."""
+    match = _MIG_PROFILE_RE.fullmatch(resource)
+    if match is None:
+        raise ValueError(
+            f"{resource[:80]} is a MIG profile whose GPU share cannot be read (only {MIG_RESOURCE_PREFIX}<n>g.<m>gb "
+            "is counted against the GPU quota): ask for nvidia.com/gpu or a MIG profile of that form"
+        )
+    return float(match[1])
+
+
+# What nearly every container asks for, none of it a GPU resource.
+_PLAIN_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+_PLAIN_AND_WHOLE_GPUS = _PLAIN_RESOURCES | {GPU_RESOURCE}
+
+
 def _container_gpus(container: Mapping[str, Any], key: str, index: int) -> float:
+    """Whole GPUs and MIG instances, each the larger of its limit and its request: the scheduler
+    counts the request, which the apiserver makes equal to the limit for these resources (it
+    fills in a missing request and refuses two that differ), so on any pod it admits this is the
+    scheduler's count, and on any other never less."""
     # The field's path is written only for an error: this runs for every container of every review.
     resources = container.get("resources") or {}
     if type(resources) is not dict and not isinstance(resources, Mapping):
         raise GpuRequestError(f"spec.{key}[{index}].resources must be an object")
+    whole = 0.0
+    mig: dict[str, float] | None = None
     for section in ("limits", "requests"):
         amounts = resources.get(section) or {}
         if type(amounts) is not dict and not isinstance(amounts, Mapping):
             raise GpuRequestError(f"spec.{key}[{index}].resources.{section} must be an object")
-        if GPU_RESOURCE in amounts:
-            try:
-                return parse_quantity(amounts[GPU_RESOURCE], MAX_GPUS)
-            except ValueError as exc:
-                raise GpuRequestError(f"spec.{key}[{index}].resources.{section}[{GPU_RESOURCE}]: {exc}") from None
-    return 0.0
+        name = GPU_RESOURCE
+        try:
+            if GPU_RESOURCE in amounts:
+                whole = max(whole, parse_quantity(amounts[GPU_RESOURCE], MAX_GPUS))
+            if _PLAIN_AND_WHOLE_GPUS.issuperset(amounts):
+                continue  # nearly every container: no MIG resource to look for
+            for name, value in amounts.items():
+                if type(name) is str and name.startswith(MIG_RESOURCE_PREFIX):
+                    mig = mig if mig is not None else {}
+                    mig[name] = max(mig.get(name, 0.0), parse_quantity(value, MAX_GPUS) * mig_gpus(name))
+        except ValueError as exc:
+            raise GpuRequestError(f"spec.{key}[{index}].resources.{section}[{name}]: {exc}") from None
+    return whole + math.fsum(mig.values()) if mig else whole
 
 
 def _one_container_gpus(container: Any, key: str, index: int) -> float:
     """The GPUs of one container under `key` (0 for an entry that is not an object)."""
     if type(container) is dict:
         # Admission and the pod cache read every container of every pod, and nearly none asks
-        # for a GPU: plain dicts without the resource are passed over here, before the full
-        # read below (which would find 0 GPUs and no error in them).
+        # for a GPU: plain dicts asking for CPU, memory or ephemeral storage alone are passed over
+        # here, with two set checks in C, before the full read above (which would find 0 GPUs
+        # and no error in them); any other container takes the full read.
         resources = container.get("resources")
         if type(resources) is dict:
             limits = resources.get("limits")
             requests = resources.get("requests")
-            if (limits is None or (type(limits) is dict and GPU_RESOURCE not in limits)) and (
-                requests is None or (type(requests) is dict and GPU_RESOURCE not in requests)
+            if (limits is None or (type(limits) is dict and _PLAIN_RESOURCES.issuperset(limits))) and (
+                requests is None or (type(requests) is dict and _PLAIN_RESOURCES.issuperset(requests))
             ):
                 return 0.0
         elif resources is None:
@@ -262,6 +346,32 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> float:
     elif GPU_MEMORY_ANNOTATION in annotations:
         gpus += devices
     return gpus
+
+
+def dra_claims(spec: Mapping[str, Any]) -> list[str]:
+    """The DRA resource claims a pod (or pod template) takes part in: the entries of
+    `spec.resourceClaims` and the claims that its pod-level resources and its containers name. What
+    a claim allocates (GPUs, a network card, anything a DeviceClass offers) is written in a
+    ResourceClaim or ResourceClaimTemplate, not in the pod, so it cannot be counted from the pod."""
+    names: list[str] = []
+
+    def add(entries: Any) -> None:
+        if isinstance(entries, list):
+            for entry in entries:
+                name = entry.get("name") if isinstance(entry, Mapping) else None
+                names.append(name if isinstance(name, str) and name else "(unnamed)")
+
+    add(spec.get("resourceClaims"))
+    resources = spec.get("resources")
+    if isinstance(resources, Mapping):
+        add(resources.get("claims"))
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if isinstance(resources, Mapping):
+                add(resources.get("claims"))
+    return sorted(set(names))
 
 
 def _list(spec: Mapping[str, Any], key: str) -> list[Any]:

@@ -4,7 +4,8 @@ Run:ai (and KAI-Scheduler, its open core) does not know the platform's workload 
 grouper gives each pod's PodGroup (KAI v0.17.0, `pkg/podgrouper/podgrouper/plugins/defaultgrouper`):
 
 1. preemptibility from the label `kai.scheduler/preemptibility` (`preemptible`/`non-preemptible`;
-   another value is ignored), on the pod's owners first, then on the pod;
+   another value is ignored), on the pod's owners first (its first ownerReference, that one's
+   first, and so on up: `core.kinds.kai_owner`), then on the pod;
 2. else the per-workload-type default Run:ai configures (not visible here);
 3. else from the priority: the PriorityClass named by the label `priorityClassName` (owners, then
    pod) or else `spec.priorityClassName`, when that class exists; else the workload type's default
@@ -13,8 +14,9 @@ grouper gives each pod's PodGroup (KAI v0.17.0, `pkg/podgrouper/podgrouper/plugi
 
 The webhook writes the label on every pod of a bound project (`runai_labels`), so admission, the
 GPU view, the offer and the cache all ask `runai_preemptibility` of the pod as labelled. Owners'
-labels are kept in line by the workload check (`core.workloads`). Where Run:ai would fall to a
-default this module cannot see, the pod counts as non-preemptible: quota never leaks.
+labels are kept in line by the workload check (`core.workloads`), and an owner of a kind that
+check never sees is refused where it would be read (`unreviewed_owner`). Where Run:ai would fall
+to a default this module cannot see, the pod counts as non-preemptible: quota never leaks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.core.kinds import kai_owner
 from webhook.settings import (
     NON_PREEMPTIBLE,
     NON_PREEMPTIBLE_PRIORITY,
@@ -159,3 +162,58 @@ def escapes_pod_grouper(meta: Mapping[str, Any]) -> str | None:
             "else, whose preemptibility Run:ai would use"
         )
     return None
+
+
+# The kinds of Kubernetes' own API groups that may be the first owner of a pod, or of a pod's
+# owner, in a project bound to Run:ai: those whose controllers make pods or pod owners. Their
+# labels are reviewed: a pod's by the pod webhooks, the others' by `/validate/workloads`.
+REVIEWED_OWNERS = frozenset(
+    {
+        ("", "Pod"),
+        ("", "ReplicationController"),
+        ("apps", "Deployment"),
+        ("apps", "ReplicaSet"),
+        ("apps", "StatefulSet"),
+        ("apps", "DaemonSet"),
+        ("batch", "Job"),
+        ("batch", "CronJob"),
+    }
+)
+_KUBERNETES_GROUPS = frozenset({"", "apps", "batch", "autoscaling", "policy"})
+# The same kinds as their controllers write them (apiVersion, kind), so that the owner of nearly
+# every pod is passed over with one set lookup before the full read.
+_REVIEWED_REFS = frozenset((f"{group}/v1" if group else "v1", kind) for group, kind in REVIEWED_OWNERS)
+
+
+def _kubernetes_group(group: str) -> bool:
+    """An API group of Kubernetes itself (the core group, apps, ..., *.k8s.io), not a custom
+    resource's: `*.x-k8s.io` are the SIGs' custom resources (Kueue, JobSet, LeaderWorkerSet)."""
+    return group in _KUBERNETES_GROUPS or (group.endswith(".k8s.io") and not group.endswith(".x-k8s.io"))
+
+
+def unreviewed_owner(meta: Mapping[str, Any]) -> str | None:
+    """Why Run:ai would read this object's preemptibility, priority class, queue or skip annotation
+    from an owner whose labels the platform never reviews (None: it would not, as far as this
+    check sees).
+
+    A ConfigMap, Secret, Service or any other object of Kubernetes' own kinds that no controller
+    makes pods from can be created and labelled by any project member and named as a pod's first
+    owner; the garbage collector keeps the pod as long as that object exists. Custom resources are
+    not judged here: their kinds are the operators' (Ray, Spark, Kubeflow), and the README says to
+    keep these labels off them.
+    """
+    refs = meta.get("ownerReferences")
+    if type(refs) is list and refs and type(refs[0]) is dict:
+        first = refs[0]
+        version, kind = first.get("apiVersion"), first.get("kind")
+        if type(version) is str and type(kind) is str and (version, kind) in _REVIEWED_REFS:
+            return None
+    owner = kai_owner(meta)
+    if owner is None or not _kubernetes_group(owner.group) or (owner.group, owner.kind) in REVIEWED_OWNERS:
+        return None
+    what = f"{owner.kind or 'an unnamed kind'} {owner.name[:63]}".rstrip()
+    return (
+        f"its first ownerReference is {what}, whose labels the platform never reviews, and Run:ai reads the "
+        "preemptibility, priority class, queue and skip annotation from that owner before the pod: make the "
+        "controller the first ownerReference, or remove the reference"
+    )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
-from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, pod_gpu_request
+from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, dra_claims, pod_gpu_request
 from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.runai_admission import runai_pod_refusal
@@ -169,7 +169,8 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         gpus = pod_gpu_request(target.pod)
     except ValueError as exc:
         return Decision.deny(f"GPU request: {exc}", code=400, reason=Reason.INVALID)
-    if gpus <= 0:
+    # The apiserver admits a claim named by a container only when the pod lists it here.
+    if gpus <= 0 and not target.spec.get("resourceClaims"):
         return Decision.allow()
     # As Run:ai will classify it, from the labels the mutating webhook wrote.
     seen = runai_preemptibility(
@@ -177,6 +178,11 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
     )
     if seen.preemptible:
         return Decision.allow()  # Run:ai may preempt it, so it may run over quota on idle GPUs
+    claims = dra_claims(target.spec) if target.spec.get("resourceClaims") else None
+    if claims:
+        return Decision.deny(uncounted_claims_message("this pod", claims), code=403, reason=Reason.FORBIDDEN)
+    if gpus <= 0:
+        return Decision.allow()
     kind = target.kind or "pod"
     return check_quota(
         snapshot,
@@ -188,6 +194,17 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
             f"this {kind} asks for {format_gpus(gpus)}. Stop another GPU workload or ask an "
             "administrator for more Run:ai quota"
         ),
+    )
+
+
+def uncounted_claims_message(what: str, claims: list[str]) -> str:
+    """Why a non-preemptible pod (or template) with DRA claims is refused: Run:ai counts the GPUs
+    a claim allocates against the quota, and the platform, which sees only the pod, cannot."""
+    shown = ", ".join(claims[:5]) + (f" and {len(claims) - 5} more" if len(claims) > 5 else "")
+    return (
+        f"DRA resource claims of {what} ({shown}): what a claim allocates is not written in the pod, so "
+        "the GPUs it may hold cannot be counted against the project's quota, which Run:ai holds this "
+        "non-preemptible workload to: ask for GPUs with nvidia.com/gpu (or a MIG profile) in the container's resources"
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from webhook.core.decision import Decision, Reason
 from webhook.core.gpu_sharing import SHARING_ANNOTATIONS, gpu_sharing_error
-from webhook.core.preemptibility import POD_GROUPER_ANNOTATIONS, escapes_pod_grouper
+from webhook.core.preemptibility import POD_GROUPER_ANNOTATIONS, escapes_pod_grouper, unreviewed_owner
 
 # Every annotation either check below reads, each module naming its own: a pod with none of them
 # (nearly every pod) passes both, so it is let through without walking its containers.
@@ -22,6 +22,14 @@ def runai_pod_refusal(pod: Mapping[str, Any]) -> Decision | None:
     """A pod Run:ai's admission would refuse (its GPU-sharing grammar), or one that would escape
     the preemptibility the webhook gives it: refused with the reason, before anything counts it."""
     meta = pod.get("metadata")
+    if (type(meta) is dict or isinstance(meta, Mapping)) and meta.get("ownerReferences"):
+        owner = unreviewed_owner(meta)
+        if owner is not None:
+            return Decision.deny(
+                f"this pod: {owner}; in a project bound to Run:ai the platform decides which pods Run:ai may preempt",
+                code=403,
+                reason=Reason.FORBIDDEN,
+            )
     if type(meta) is dict:
         annotations = meta.get("annotations")
         if annotations is None or (type(annotations) is dict and annotations.keys().isdisjoint(_READ_ANNOTATIONS)):

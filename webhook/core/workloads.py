@@ -15,35 +15,43 @@ from typing import Any
 
 from webhook.core.decision import Decision, Reason
 from webhook.core.gpu_sharing import gpu_sharing_error
-from webhook.core.kinds import classify_workload, pod_gpu_request
+from webhook.core.kinds import classify_workload, dra_claims, kai_owner, pod_gpu_request
 from webhook.core.owners import scale_refusal, statefulset_warning
 from webhook.core.preemptibility import (
     RUNAI_PRIORITY_LABEL,
     SKIP_POD_GROUPER_ANNOTATION,
     admitted_preemptibility,
     intended,
+    unreviewed_owner,
 )
-from webhook.core.quota import EPSILON, check_quota, format_gpus
+from webhook.core.quota import EPSILON, check_quota, format_gpus, uncounted_claims_message
 from webhook.core.scheduling import request_namespace
 from webhook.settings import ClusterSettings
-from webhook.snapshot import ClusterSnapshot, NamespaceInfo, PriorityClassInfo, RunaiProjectInfo
+from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, NamespaceInfo, PriorityClassInfo, RunaiProjectInfo
 
-# (API group, kind) of the pod owners this check reads; the value is the plural the scale
-# subresource is addressed by (`deployments/scale`).
+# (API group, kind) of the pod owners this check reads, every kind of Kubernetes' own whose labels
+# reach a pod's PodGroup (`preemptibility.REVIEWED_OWNERS` but the pod); the value is the plural
+# its resource is addressed by (`deployments/scale`). A DaemonSet counts as one pod: how many
+# nodes it runs on is the scheduler's to say.
 WORKLOAD_KINDS: dict[tuple[str, str], str] = {
     ("apps", "Deployment"): "deployments",
     ("apps", "StatefulSet"): "statefulsets",
     ("apps", "ReplicaSet"): "replicasets",
+    ("apps", "DaemonSet"): "daemonsets",
+    ("", "ReplicationController"): "replicationcontrollers",
     ("batch", "Job"): "jobs",
     ("batch", "CronJob"): "cronjobs",
 }
 SCALABLE: dict[str, tuple[str, str]] = {
-    plural: key for key, plural in WORKLOAD_KINDS.items() if key[0] == "apps"
+    plural: key
+    for key, plural in WORKLOAD_KINDS.items()
+    if key in (("apps", "Deployment"), ("apps", "StatefulSet"), ("apps", "ReplicaSet"))
 }  # resource plural -> (group, kind)
-# An object controlled by one of these was checked when its owner was applied. Checking it again
-# would refuse the Deployment controller's own ReplicaSet writes mid-rollout, where the old pods
-# still hold their GPUs; the pods are checked (and reserve) when they are created anyway.
-CHECKED_OWNERS = frozenset({"Deployment", "CronJob"})
+# An object whose first owner, and controller, is one of these was checked when that owner was
+# applied. Checking it again would refuse the Deployment controller's own ReplicaSet writes
+# mid-rollout, where the old pods still hold their GPUs; the pods are checked (and reserve) when
+# they are created anyway. That owner is also the one Run:ai reads first (`kai_owner`).
+CHECKED_OWNERS = frozenset({("apps", "Deployment"), ("batch", "CronJob")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,7 @@ class Demand:
     replicas: int
     gpus_per_pod: float
     quota_checked: bool  # its pods are non-preemptible to Run:ai once labelled (`core.preemptibility`)
+    claims: tuple[str, ...] = ()  # the DRA claims of its pods (`kinds.dra_claims`), whose GPUs no one here counts
 
     @property
     def total(self) -> float:
@@ -116,13 +125,30 @@ def demand(
         replicas=concurrent_pods(obj, kind) if replicas is None else replicas,
         gpus_per_pod=pod_gpu_request(template),
         quota_checked=seen.quota_checked,
+        claims=tuple(dra_claims(spec)),
     )
 
 
-def owner_label_error(obj: Mapping[str, Any], pod_kind: str | None, settings: ClusterSettings) -> str | None:
-    """Run:ai reads a pod's preemptibility (and its priority class) from the pod's owners before
-    the pod: an owner label that says otherwise than the pods are labelled would win over ours."""
-    meta = _map(obj.get("metadata"))
+def owner_label_error(
+    obj: Mapping[str, Any], kind: str, pod_kind: str | None, settings: ClusterSettings, queue: str | None
+) -> str | None:
+    """Run:ai reads a pod's preemptibility, its priority class and its queue from the pod's owners
+    before the pod (`kinds.kai_owner`): an owner label that says otherwise than the pods are
+    labelled would win over ours. A CronJob's Jobs carry its job template's labels and
+    annotations, and Run:ai reads a CronJob's pods from their Job, so those are read too."""
+    metas = [_map(obj.get("metadata"))]
+    if kind == "CronJob":
+        metas.append(_map(_map(_map(obj.get("spec")).get("jobTemplate")).get("metadata")))
+    for meta in metas:
+        error = _owner_meta_error(meta, pod_kind, settings, queue)
+        if error is not None:
+            return error if meta is metas[0] else f"its job template's {error}"
+    return None
+
+
+def _owner_meta_error(
+    meta: Mapping[str, Any], pod_kind: str | None, settings: ClusterSettings, queue: str | None
+) -> str | None:
     labels = _map(meta.get("labels"))
     runai = settings.scheduler.runai
     said = labels.get(runai.preemptibility_label) if runai.preemptibility_label else None
@@ -139,6 +165,12 @@ def owner_label_error(obj: Mapping[str, Any], pod_kind: str | None, settings: Cl
             f"label {RUNAI_PRIORITY_LABEL}={str(named)[:60]} on this object would give its pods Run:ai priority class "
             f"{named} instead of {ours}: remove the label"
         )
+    owner_queue = labels.get(RUNAI_QUEUE_LABEL)
+    if owner_queue is not None and owner_queue != queue:
+        return (
+            f"label {RUNAI_QUEUE_LABEL}={str(owner_queue)[:63]} on this object would put its pods in that Run:ai queue "
+            f"instead of {queue or 'the one of this project'}: remove the label"
+        )
     if str(_map(meta.get("annotations")).get(SKIP_POD_GROUPER_ANNOTATION, "")) == "true":
         return (
             f"annotation {SKIP_POD_GROUPER_ANNOTATION}: true keeps Run:ai's pod grouper away from its pods, and so "
@@ -148,8 +180,8 @@ def owner_label_error(obj: Mapping[str, Any], pod_kind: str | None, settings: Cl
 
 
 def _controlled_by_checked_owner(obj: Mapping[str, Any]) -> bool:
-    refs = _map(obj.get("metadata")).get("ownerReferences") or ()
-    return any(isinstance(r, Mapping) and r.get("controller") and r.get("kind") in CHECKED_OWNERS for r in refs)
+    owner = kai_owner(_map(obj.get("metadata")))
+    return owner is not None and owner.controller and (owner.group, owner.kind) in CHECKED_OWNERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,15 +297,21 @@ def validate_workload(
     target = workload_request(request, parent)
     if target is None or _controlled_by_checked_owner(target.owner):
         return Decision.allow()
+    unseen = unreviewed_owner(_map(target.owner.get("metadata")))
+    if unseen is not None:
+        return Decision.deny(f"{target.kind} {target.name}: {unseen}", code=403, reason=Reason.FORBIDDEN)
     classes = snapshot.priority_classes
     try:
         new = demand(target.owner, target.kind, settings, classes, target.new_replicas)
         old = demand(target.old, target.kind, settings, classes, target.old_replicas) if target.old else None
     except ValueError as exc:
         return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason=Reason.INVALID)
-    labelled = owner_label_error(target.owner, new.kind, settings)
+    labelled = owner_label_error(target.owner, target.kind, new.kind, settings, namespace.runai_queue)
     if labelled is not None:
         return Decision.deny(f"{target.kind} {target.name}: {labelled}", code=403, reason=Reason.FORBIDDEN)
+    if new.quota_checked and new.claims and new.replicas > 0:
+        what = f"the pods of {target.kind} {target.name}"
+        return Decision.deny(uncounted_claims_message(what, list(new.claims)), code=403, reason=Reason.FORBIDDEN)
     increase = new.total - (old.total if old is not None else 0.0)
     if increase <= EPSILON:
         return Decision.allow()  # jobs, no GPUs, unchanged or scaled down: nothing more asked

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, controller_owner, pod_gpu_request
+from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, pod_controller, pod_gpu_request
 from webhook.core.preemptibility import runai_preemptibility
 from webhook.metrics import PODS_UNREADABLE_GPUS, RUNAI_ADMISSION_AVAILABLE, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
@@ -420,7 +420,7 @@ def pod_record(
             "pod %.100s/%.100s: GPU request unreadable, counted as %g GPUs: %s", ns, name, UNREADABLE_POD_GPUS, exc
         )
         gpus, unreadable = UNREADABLE_POD_GPUS, True
-    controller = controller_owner(meta)
+    controller = pod_controller(meta)  # as admission classified it (`kinds.pod_kind`)
     phase = (obj.get("status") or {}).get("phase") or "Pending"
     priority_class = (obj.get("spec") or {}).get("priorityClassName")
     priority_class = priority_class if isinstance(priority_class, str) else None

@@ -461,8 +461,14 @@ class PodRunner:
             self.rest.call("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{meta['name']}", body)
 
 
+# kwok completes a Job's pod as soon as it runs; a test that needs a job running (to be preempted,
+# or relabelled while it runs) puts this annotation on the Job's pod template.
+KEEP_RUNNING_ANNOTATION = "test.scheduling-webhook/keep-running"
+
+
 def kwok_stages(stage_dir: Path, out_dir: Path, exclude_label: str, exclude_values: Sequence[str]) -> list[Path]:
-    """kwok's own pod stages, each told to leave alone the pods a PodRunner runs."""
+    """kwok's own pod stages, each told to leave alone the pods a PodRunner runs, and the one that
+    completes Job pods told to leave alone those annotated KEEP_RUNNING_ANNOTATION."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for source in sorted((stage_dir / "pod/fast").glob("pod-*.yaml")):
@@ -470,6 +476,10 @@ def kwok_stages(stage_dir: Path, out_dir: Path, exclude_label: str, exclude_valu
         stage["spec"]["selector"].setdefault("matchExpressions", []).append(
             {"key": f'.metadata.labels["{exclude_label}"]', "operator": "NotIn", "values": list(exclude_values)}
         )
+        if source.name == "pod-complete.yaml":
+            stage["spec"]["selector"]["matchExpressions"].append(
+                {"key": f'.metadata.annotations["{KEEP_RUNNING_ANNOTATION}"]', "operator": "DoesNotExist"}
+            )
         target = out_dir / source.name
         target.write_text(yaml.safe_dump(stage))
         paths.append(target)
