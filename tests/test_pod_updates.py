@@ -114,6 +114,14 @@ def both(*edits: Edit) -> Edit:
     return edit
 
 
+JOB_REFS = owned_by("Job")
+CONFIGMAP_REF = {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": "uid-cm"}
+
+
+def owners_to(*refs: dict[str, Any]) -> Edit:
+    return meta(ownerReferences=list(refs))
+
+
 @dataclass(frozen=True)
 class Case:
     edit: Edit
@@ -225,6 +233,22 @@ CASES = {
     "a huge value is quoted shortened": Case(
         annotations({"gpu-fraction": "0." + "9" * 5000}), MEMBER, (f"to '0.{'9' * 58}...'",)
     ),
+    # The first ownerReference: KAI reads the nearest owner's preemptibility before the pod's own.
+    "a ConfigMap put in front of the job pod's Job": Case(
+        owners_to(CONFIGMAP_REF, *JOB_REFS),
+        MEMBER,
+        ("first ownerReference changed from Job train to ConfigMap cm",),
+    ),
+    "the Job replaced by a ConfigMap": Case(
+        owners_to(CONFIGMAP_REF), ADMIN, ("first ownerReference changed from Job train to ConfigMap cm",)
+    ),
+    "a ConfigMap made the first owner of an ownerless pod": Case(
+        owners_to(CONFIGMAP_REF), MEMBER, ("first ownerReference ConfigMap cm added",), owners=False
+    ),
+    "a controller adopts an ownerless pod": Case(
+        owners_to(*owned_by("ReplicaSet", "apps/v1", "api-1")), MEMBER, owners=False
+    ),
+    "an owner appended behind the Job": Case(owners_to(*JOB_REFS, CONFIGMAP_REF), MEMBER),
     # The pod grouper's own write, and only that one.
     "the pod grouper names the pod's group": Case(annotations({"pod-group-name": "pg-train-uid"}), GROUPER),
     "the pod grouper moves a pod to another group": Case(
@@ -269,6 +293,24 @@ def test_pod_update_table(case: Case) -> None:
     for part in case.refused:
         assert part in decision.message, decision.message
     assert "create the pod again" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("behind", "refused"),
+    [
+        (owned_by("ReplicaSet", "apps/v1", "api-1", controller=False), ""),
+        ([CONFIGMAP_REF], "first ownerReference changed from Job train to ConfigMap cm"),
+    ],
+    ids=["a reviewed owner left first", "a ConfigMap left first"],
+)
+def test_owners_dropped_from_the_front_leave_a_reviewed_owner_first(behind: list[dict[str, Any]], refused: str) -> None:
+    """The garbage collector drops an owner that is gone: what stays first must be one whose labels
+    the platform reviews, or the pod's preemptibility would come from an owner nobody checked."""
+    request = pod_update(owners_to(*behind), GC)
+    request["oldObject"]["metadata"]["ownerReferences"] = [*JOB_REFS, *behind]
+    decision = validate_pod_update(request, SETTINGS, CONFIG)
+    assert decision.allowed is not refused
+    assert refused in (decision.message or "")
 
 
 def test_only_the_edited_keys_are_named() -> None:

@@ -88,6 +88,16 @@ async def test_a_running_pods_scheduling_keys_cannot_be_edited(cluster: Cluster)
         # A server-side dry run is judged the same way.
         await refused(cluster, "label", *target, "runai/queue=finance", "--overwrite", "--dry-run=server", *who)
 
+    # An owner KAI would read the preemptibility from before the pod's own label: a ConfigMap the
+    # member labels non-preemptible and names as the pod's first owner.
+    await cluster.ok("create", "configmap", "cm", "-n", project, *MEMBER)
+    await cluster.ok("label", "configmap", "cm", f"{PREEMPTIBILITY}=non-preemptible", "-n", project, *MEMBER)
+    cm = await cluster.get("configmap", "cm", project)
+    owners = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "uid": cm["metadata"]["uid"]}]
+    patch = {"metadata": {"ownerReferences": owners}}
+    stderr = await refused(cluster, "patch", *target, "--type=merge", "-p", json.dumps(patch), *MEMBER)
+    assert "first ownerReference ConfigMap cm added" in stderr, stderr
+
     # Everything else on the pod stays the member's to edit, and KAI's pod grouper names its group.
     await cluster.ok("label", *target, "team=blue", *MEMBER)
     await cluster.ok("annotate", *target, "note=retrained", *MEMBER)
@@ -100,6 +110,7 @@ async def test_a_running_pods_scheduling_keys_cannot_be_edited(cluster: Cluster)
     assert stored["annotations"]["gpu-fraction"] == "0.5" and stored["annotations"]["note"] == "retrained"
     assert stored["annotations"]["pod-group-name"] == "pg-trainer-1"
     assert "kai.scheduler/skip-podgrouper" not in stored["annotations"]
+    assert "ownerReferences" not in stored
 
 
 async def test_a_pending_gpu_pod_of_a_runai_project_keeps_what_admission_wrote(cluster: Cluster) -> None:

@@ -29,6 +29,14 @@ grow its GPU share after the quota check. The keys, by who reads them after crea
   `job-type`, and the label of each of the settings' kind rules);
 - this server's own annotations (`scheduling.hopsworks.ai/...`), which say what the workload chose.
 
+The first ownerReference is read the same way (`core.kinds.kai_owner`): KAI's pod grouper takes
+the preemptibility of the nearest owner that has the label before the pod's own, on every
+reconcile. So the first owner may not be replaced after admission: a member could otherwise put a
+ConfigMap labelled non-preemptible in front of a job pod's Job. What Kubernetes itself does to
+owners passes when the new first owner is one whose labels the platform reviews
+(`core.preemptibility.unreviewed_owner`): the garbage collector dropping owners (what is left is
+the end of the list it had), and a controller adopting a pod that had no owner.
+
 Only one writer changes one of them in the normal course: KAI's pod grouper annotates every pod it
 groups with `pod-group-name`. The identities in `GuardConfig.pod_groupers` may change that one
 annotation and nothing else. Kubernetes' own controllers (the kubelet's and scheduler's status,
@@ -47,7 +55,12 @@ from webhook.core.decision import Decision
 from webhook.core.gpu_sharing import SHARING_ANNOTATIONS
 from webhook.core.guard_config import GuardConfig
 from webhook.core.kinds import WORKLOAD_TYPE_LABEL
-from webhook.core.preemptibility import POD_GROUP_ANNOTATION, POD_GROUPER_ANNOTATIONS, RUNAI_PRIORITY_LABEL
+from webhook.core.preemptibility import (
+    POD_GROUP_ANNOTATION,
+    POD_GROUPER_ANNOTATIONS,
+    RUNAI_PRIORITY_LABEL,
+    unreviewed_owner,
+)
 from webhook.settings import KAI_PREEMPTIBILITY_LABEL, ClusterSettings
 from webhook.snapshot import (
     KUEUE_POD_GROUP_COUNT_ANNOTATION,
@@ -164,6 +177,32 @@ def _described(what: str, key: str, was: Any, now: Any) -> str:
     return f"{what} {key} changed from {_shown(was)} to {_shown(now)}"
 
 
+def _owner_refs(meta: Mapping[str, Any]) -> list[Any]:
+    refs = meta.get("ownerReferences")
+    return refs if isinstance(refs, list) else []
+
+
+def _first_owner_change(old_meta: Mapping[str, Any], new_meta: Mapping[str, Any]) -> str | None:
+    """What replaced the pod's first ownerReference, None when nothing did or Kubernetes' own
+    owner writes did (owners dropped from the front, an ownerless pod adopted by a reviewed kind)."""
+    before, after = _owner_refs(old_meta), _owner_refs(new_meta)
+    if before == after or (before[:1] == after[:1]):
+        return None
+    if not after:
+        return None  # every owner removed: the pod's own labels decide, and they are guarded
+    dropped = before[len(before) - len(after) :] == after  # owners removed: the rest was behind them
+    if (dropped or not before) and unreviewed_owner(new_meta) is None:
+        return None  # the new first owner is one whose labels the platform reviews
+    first = after[0] if isinstance(after[0], dict) else {}
+    was = before[0] if before and isinstance(before[0], dict) else None
+    now = f"{first.get('kind')} {first.get('name')}"
+    return (
+        f"first ownerReference changed from {was.get('kind')} {was.get('name')} to {now}"
+        if was is not None
+        else f"first ownerReference {now} added"
+    )
+
+
 def validate_pod_update(request: Mapping[str, Any], settings: ClusterSettings, config: GuardConfig) -> Decision:
     """`POST /validate/pod-updates`: refuse a change to a pod's scheduling labels and annotations
     (see the module's docstring for which, and who may write what)."""
@@ -186,12 +225,15 @@ def validate_pod_update(request: Mapping[str, Any], settings: ClusterSettings, c
         )
         if not (grouper and key in POD_GROUPER_WRITES)
     ]
+    owner = _first_owner_change(old_meta, new_meta)
+    if owner is not None:
+        changed.append(owner)
     if not changed:
         return Decision.allow()
     name = new_meta.get("name") or old_meta.get("name") or "(unnamed)"
     namespace = request.get("namespace") or new_meta.get("namespace") or ""
     return Decision.deny(
-        f"pod {namespace}/{name}: {'; '.join(changed)}. These labels and annotations decide the pod's queue, "
+        f"pod {namespace}/{name}: {'; '.join(changed)}. These labels, annotations and owners decide the pod's queue, "
         "preemptibility, GPU request and group, and stay as they were when the pod was admitted; for other "
         "values, change them on the pod's owner (its Deployment or Job) or create the pod again",
         code=403,
