@@ -463,6 +463,18 @@ class DeploymentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RunaiDepartmentInfo:
+    """The Run:ai department of a project, on the project's default node pool, as the last refresh
+    saw it: the parent queue the scheduler also holds a non-preemptible pod to."""
+
+    id: str
+    name: str
+    deserved_gpus: float = 0.0  # -1: no quota (Run:ai's and the scheduler's "unlimited")
+    allocated_non_preemptible: float = 0.0  # Run:ai's count, summed over the department's projects
+    sampled_at: float = 0.0  # epoch seconds Run:ai's answer arrived
+
+
+@dataclass(frozen=True, slots=True)
 class RunaiProjectInfo:
     """A Run:ai project bound to a namespace, as the last refresh saw it."""
 
@@ -473,6 +485,7 @@ class RunaiProjectInfo:
     node_pool: str | None = None  # the project's default node pool (see `core.gpu_view.default_node_pool`)
     allocated_non_preemptible: float = 0.0  # Run:ai's count on `node_pool`
     sampled_at: float = 0.0  # epoch seconds Run:ai's answer arrived
+    department: RunaiDepartmentInfo | None = None  # None: no record of it, so no department limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from webhook.core.gpu_view import runai_project_info
 from webhook.core.runai_bindings import project_for, projects_by_namespace, replaced
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
-from webhook.runai.records import node_pool_record, project_record
+from webhook.runai.records import department_record, node_pool_record, project_record
 from webhook.shared_calls import SharedCalls, TooManyCalls
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
@@ -200,11 +200,19 @@ class RunaiDirectory:
     ) -> RunaiProjectInfo:
         """The snapshot record of `project`: deserved GPUs and Run:ai's non-preemptible allocation
         on the project's default node pool (the rule the GPU view uses too), as sampled at
-        `sampled_at` (default: the view's refresh)."""
+        `sampled_at` (default: the view's refresh), and its department's from the view's refresh."""
         pools = (view.default_node_pool,) if view is not None and view.default_node_pool is not None else ()
         if sampled_at is None:
             sampled_at = view.refreshed_at if view is not None else 0.0
-        return runai_project_info(project_record(project), namespace, [node_pool_record(p) for p in pools], sampled_at)
+        department = view.department_by_id(project.parent_id) if view is not None else None
+        return runai_project_info(
+            project_record(project),
+            namespace,
+            [node_pool_record(p) for p in pools],
+            sampled_at,
+            department=department_record(department) if department is not None else None,
+            department_sampled_at=view.refreshed_at if view is not None else None,
+        )
 
     def note_project(self, namespace: str, project: Project, sampled_at: float | None = None) -> None:
         """A binder just bound `namespace` to `project`, or a lookup found it (at `sampled_at`):
