@@ -15,7 +15,7 @@ from webhook.core.decision import Reason
 from webhook.core.kinds import parse_quantity
 from webhook.core.quota import format_gpus, gpus_in_use, gpus_left, validate_pod
 from webhook.quota.reservations import DEFAULT_TTL_S
-from webhook.snapshot import GpuReservation, RunaiDepartmentInfo, RunaiProjectInfo
+from webhook.snapshot import GpuReservation, RunaiDepartmentInfo, RunaiProjectInfo, department_namespaces
 from webhook.state.store import FREED_RETENTION_S, ClusterState
 
 NOW = 1_000_000.0
@@ -721,9 +721,12 @@ def _department_snapshot(case: DeptCase) -> ClusterState:
     return state
 
 
+@pytest.mark.parametrize("indexed", [False, True], ids=["summed per call", "index published"])
 @pytest.mark.parametrize("case", DEPT_CASES, ids=[c.id for c in DEPT_CASES])
-def test_a_notebook_fits_its_departments_gpus_too(case: DeptCase) -> None:
+def test_a_notebook_fits_its_departments_gpus_too(case: DeptCase, indexed: bool) -> None:
     snap = _department_snapshot(case).snapshot()
+    if indexed:  # as the directory publishes the records
+        snap.runai_department_namespaces = department_namespaces(snap.runai_projects)
     labels = {**NOTEBOOK, "runai/queue": "vision", PREEMPTIBILITY: "non-preemptible"}
     decision = validate_pod(pod_review("vision", labels=labels, gpus=case.gpus)["request"], snap, now=NOW)
     reason = "" if case.allowed else Reason.GPU_QUOTA_EXCEEDED

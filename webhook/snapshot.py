@@ -488,6 +488,15 @@ class RunaiProjectInfo:
     department: RunaiDepartmentInfo | None = None  # None: no record of it, so no department limit
 
 
+def department_namespaces(projects: Mapping[str, RunaiProjectInfo] | None) -> dict[str, frozenset[str]]:
+    """The namespaces of `projects` (by namespace) grouped by their department's id."""
+    grouped: dict[str, set[str]] = {}
+    for namespace, project in (projects or {}).items():
+        if project.department is not None:
+            grouped.setdefault(project.department.id, set()).add(namespace)
+    return {department: frozenset(names) for department, names in grouped.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class LeftProject:
     """A Run:ai project this system created for a namespace deleted while the integration was off
@@ -554,6 +563,10 @@ class ClusterSnapshot:
     settings_error: str | None = None
     # Run:ai projects by namespace, from the timed refresh; None until a refresh succeeded.
     runai_projects: Mapping[str, RunaiProjectInfo] | None = None
+    # `runai_projects`' namespaces by department id, published with it (`department_namespaces`), so
+    # a department's GPUs are summed over its projects without a pass over every project; None:
+    # derived from `runai_projects` per call.
+    runai_department_namespaces: Mapping[str, frozenset[str]] | None = None
     # Whether Run:ai answered the last directory refresh; None: not known (never refreshed, or no
     # Run:ai directory in this process at all, e.g. `serve --state`).
     runai_reachable: bool | None = None

@@ -23,7 +23,13 @@ from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.core.scheduling import pod_target
-from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo, holds_gpus
+from webhook.snapshot import (
+    RUNAI_QUEUE_LABEL,
+    ClusterSnapshot,
+    RunaiProjectInfo,
+    department_namespaces,
+    holds_gpus,
+)
 
 EPSILON = 1e-9  # fractions add up in floating point
 
@@ -156,11 +162,10 @@ def department_left(
     department = project.department
     if department is None or department.deserved_gpus == UNLIMITED_GPUS:
         return None
-    members = {namespace} | {
-        ns
-        for ns, info in (snapshot.runai_projects or {}).items()
-        if info.department is not None and info.department.id == department.id
-    }
+    index = snapshot.runai_department_namespaces
+    if index is None:
+        index = department_namespaces(snapshot.runai_projects)
+    members = {namespace} | index.get(department.id, frozenset())
     return DepartmentLeft(
         name=department.name,
         deserved=department.deserved_gpus,
