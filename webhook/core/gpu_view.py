@@ -10,7 +10,8 @@ Numbers of the project view are for the project's default node pool (`view_node_
   checks against: deserved minus the larger of Run:ai's `allocatedNonPreemptible` and the pod
   cache's non-preemptible GPUs (running or waiting pods of any kind but jobs, plus reservations of
   admitted pods not yet seen). Run:ai counts only what it has allocated; admission also counts what
-  waits, so the view never promises a GPU that admission would refuse. Null when there is no Run:ai
+  waits, so the view never promises a GPU that admission would refuse. No more than the project's
+  department has left, counted alike (Run:ai's scheduler checks both). Null when there is no Run:ai
   project to take the quota from.
 * `available_preemptible` = the node pool's unallocated GPUs (idle GPUs a job can use over quota),
   capped by the project's GPU limit minus its allocation when Run:ai sets a limit. Null without a
