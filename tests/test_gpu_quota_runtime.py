@@ -210,3 +210,35 @@ async def test_admission_the_gpu_view_and_the_message_agree_on_gpus_left(
     assert (await b.gpu_view("vision"))["available_non_preemptible"] == 0
     last = await start_pod(emu, b, pod_review("vision", labels=NOTEBOOK, gpus=1, uid="nb-last"))
     assert not last["allowed"] and "has 0 of 2 deserved GPUs left" in last["status"]["message"]
+
+
+async def test_a_department_with_less_quota_than_its_projects_is_the_limit(
+    cluster: tuple[KubeEmulator, RunaiStandin], replicas: tuple[Replica, Replica]
+) -> None:
+    emu, runai = cluster
+    a, b = replicas
+    # Department research deserves 1 GPU; each of its projects 2. Another project of it holds the
+    # department's GPU with a notebook, which Run:ai counts in the department's allocation.
+    runai.add_department("research", gpu_quota=1)
+    runai.add_project("vision", department="research", namespace="vision", gpu_quota=2)
+    runai.add_project("audio", department="research", namespace="audio", gpu_quota=2)
+    runai.set_project_usage("audio", allocated=1, allocated_non_preemptible=1)
+    emu.create_object(namespace("vision", labels={"runai/queue": "vision"}))
+    await quota_known(a, b)
+
+    for replica in (a, b):
+        view = await replica.gpu_view("vision")
+        assert view["project"]["quota"] == 2 and view["project"]["allocated_non_preemptible"] == 0
+        assert (view["department"]["name"], view["department"]["quota"]) == ("research", 1)
+        assert view["department"]["allocated_non_preemptible"] == 1
+        assert view["available_non_preemptible"] == 0
+    refused = await start_pod(emu, a, pod_review("vision", labels=NOTEBOOK, gpus=1, uid="nb-dept"))
+    message = refused["status"]["message"]
+    assert not refused["allowed"] and "department research has 0 of 1 deserved GPUs left" in message, message
+    assert "project vision has 2 of 2" in message, message
+    # The other project's notebook stops: the department's GPU is free for this one.
+    runai.set_project_usage("audio", allocated=0, allocated_non_preemptible=0)
+    await quota_known(a, b)
+    assert (await b.gpu_view("vision"))["available_non_preemptible"] == 1
+    admitted = await start_pod(emu, b, pod_review("vision", labels=NOTEBOOK, gpus=1, uid="nb-dept-2"))
+    assert admitted["allowed"], admitted["status"]["message"]

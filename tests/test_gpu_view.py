@@ -162,6 +162,37 @@ CASES = [
         },
     ),
     Case(
+        "the department is the limit: what it has left is what the view offers",
+        runai=data(CHURN, departments=[department("d-default", "default", {"default": 6}, non_preemptible=4)]),
+        expect={"available_non_preemptible": 2, "project.quota": 4, "department.allocated_non_preemptible": 4},
+    ),
+    Case(
+        "the department's deserved GPUs used up by its projects: nothing left, though the project has 3",
+        runai=data(CHURN, departments=[department("d-default", "default", {"default": 1}, non_preemptible=1)]),
+        expect={"available_non_preemptible": 0, "department.quota": 1},
+    ),
+    Case(
+        "the project's waiting pods count against the department too",
+        runai=data(CHURN, departments=[department("d-default", "default", {"default": 2})]),
+        pods=[pod("nb", 1), pod("app", 1, kind="app", phase="Pending")],
+        expect={"available_non_preemptible": 0},
+    ),
+    Case(
+        "a department quota of -1 limits nothing",
+        runai=data(CHURN, departments=[department("d-default", "default", {"default": -1}, non_preemptible=9)]),
+        expect={"available_non_preemptible": 3},
+    ),
+    Case(
+        "a department with a quota of 0 on the project's node pool leaves nothing there",
+        runai=data(CHURN, departments=[department("d-default", "default", {"default": 0, "a100": 8})]),
+        expect={"available_non_preemptible": 0},
+    ),
+    Case(
+        "a department with no quota entry on the project's node pool sets no limit there",
+        runai=data(CHURN, departments=[department("d-default", "default", {"a100": 0})]),
+        expect={"available_non_preemptible": 3},
+    ),
+    Case(
         "waiting non-preemptible pods Run:ai has not allocated yet count, like admission counts them",
         runai=data(CHURN),
         pods=[pod("nb", 1), pod("app", 2, kind="app", phase="Pending"), pod("job", 4, kind="job")],

@@ -15,7 +15,7 @@ from webhook.core.decision import Reason
 from webhook.core.kinds import parse_quantity
 from webhook.core.quota import format_gpus, gpus_in_use, gpus_left, validate_pod
 from webhook.quota.reservations import DEFAULT_TTL_S
-from webhook.snapshot import GpuReservation, RunaiProjectInfo
+from webhook.snapshot import GpuReservation, RunaiDepartmentInfo, RunaiProjectInfo, department_namespaces
 from webhook.state.store import FREED_RETENTION_S, ClusterState
 
 NOW = 1_000_000.0
@@ -624,3 +624,120 @@ def test_a_sidecars_gpus_count_beside_the_notebooks() -> None:
     data = pod_review("vision", labels=labels, gpus=1, spec={"initContainers": [sidecar]})
     decision = validate_pod(data["request"], snap, now=NOW)
     assert_decision(decision, allowed=False, reason="GpuQuotaExceeded")
+
+
+# -- the department's GPUs left (R3): Run:ai's scheduler checks every queue up the hierarchy -------
+
+AUDIO = namespace("audio", labels={"runai/queue": "audio", "hopsworks.ai/runai-project-id": "9"})
+OTHER = namespace("other", labels={"runai/queue": "other", "hopsworks.ai/runai-project-id": "11"})
+
+
+def pod_in(ns: str, name: str, gpus: float, kind: str = "notebook") -> dict[str, Any]:
+    pod = running_pod(name, gpus, kind)
+    pod["metadata"]["namespace"] = ns
+    return pod
+
+
+@dataclass
+class DeptCase:
+    id: str
+    department: float | None  # the department's deserved GPUs; None: no record of the department
+    gpus: float = 1
+    runai_department: float = 0.0  # Run:ai's allocatedNonPreemptible of the department
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    allowed: bool = True
+    message: tuple[str, ...] = ()
+
+
+DEPT_CASES = [
+    DeptCase(
+        "a sibling project's notebook uses the department's only GPU",
+        department=1,
+        pods=[pod_in("audio", "n", 1)],
+        allowed=False,
+        message=("department research has 0 of 1 deserved GPUs left", "project vision has 2 of 2", "asks for 1"),
+    ),
+    DeptCase(
+        "Run:ai's count of the department is enough (pods this replica does not know of)",
+        department=1,
+        runai_department=1,
+        allowed=False,
+        message=("department research has 0 of 1",),
+    ),
+    DeptCase("the boundary: 1 of 2 left takes 1", department=2, pods=[pod_in("audio", "n", 1)]),
+    DeptCase(
+        "the boundary: 1 of 2 left refuses 2",
+        department=2,
+        gpus=2,
+        pods=[pod_in("audio", "n", 1)],
+        allowed=False,
+        message=("department research has 1 of 2 deserved GPUs left", "asks for 2"),
+    ),
+    DeptCase(
+        "the project is the limit: its message names the project",
+        department=8,
+        gpus=3,
+        allowed=False,
+        message=("project vision has 2 of 2 deserved GPUs left",),
+    ),
+    DeptCase("a department quota of -1 is no limit", department=-1, pods=[pod_in("audio", "n", 5)]),
+    DeptCase(
+        "a department quota of 0 is a limit of 0, as the scheduler reads it",
+        department=0,
+        allowed=False,
+        message=("department research has 0 of 0",),
+    ),
+    DeptCase("no record of the department: the project alone", department=None, runai_department=5),
+    DeptCase("a sibling's preemptible job does not count", department=1, pods=[pod_in("audio", "j", 1, "job")]),
+    DeptCase("another department's pods do not count", department=1, pods=[pod_in("other", "n", 1)]),
+]
+
+
+def _department_snapshot(case: DeptCase) -> ClusterState:
+    state = cluster_state(namespaces=[BOUND, AUDIO, OTHER], extra=case.pods, run_ai_enable=True)
+    snap = state.snapshot()
+    snap.runai_reachable = True
+    research = (
+        None
+        if case.department is None
+        else RunaiDepartmentInfo(
+            id="d1",
+            name="research",
+            deserved_gpus=case.department,
+            allocated_non_preemptible=case.runai_department,
+            sampled_at=NOW - 10,
+        )
+    )
+    elsewhere = RunaiDepartmentInfo(id="d2", name="elsewhere", deserved_gpus=1)
+
+    def info(ns: str, project_id: str, department: RunaiDepartmentInfo | None) -> RunaiProjectInfo:
+        return RunaiProjectInfo(id=project_id, name=ns, namespace=ns, deserved_gpus=2, department=department)
+
+    snap.runai_projects = {
+        "vision": info("vision", "7", research),
+        "audio": info("audio", "9", research),
+        "other": info("other", "11", elsewhere),
+    }
+    return state
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["summed per call", "index published"])
+@pytest.mark.parametrize("case", DEPT_CASES, ids=[c.id for c in DEPT_CASES])
+def test_a_notebook_fits_its_departments_gpus_too(case: DeptCase, indexed: bool) -> None:
+    snap = _department_snapshot(case).snapshot()
+    if indexed:  # as the directory publishes the records
+        snap.runai_department_namespaces = department_namespaces(snap.runai_projects)
+    labels = {**NOTEBOOK, "runai/queue": "vision", PREEMPTIBILITY: "non-preemptible"}
+    decision = validate_pod(pod_review("vision", labels=labels, gpus=case.gpus)["request"], snap, now=NOW)
+    reason = "" if case.allowed else Reason.GPU_QUOTA_EXCEEDED
+    assert_decision(decision, allowed=case.allowed, reason=reason, message=case.message)
+
+
+def test_the_departments_runai_count_is_lowered_by_a_scheduled_pod_that_left_since() -> None:
+    pod = _on_node(pod_in("audio", "n", 1))
+    state = _department_snapshot(DeptCase("", department=1, runai_department=1, pods=[pod]))
+    state.clock = lambda: NOW - 5  # after the department's sample
+    assert gpus_left(state.snapshot(), "vision", NOW).left == 0
+    state.delete(pod)
+    left = gpus_left(state.snapshot(), "vision", NOW)
+    assert left.department is not None and left.department.runai_in_use == 0 and left.left == 1

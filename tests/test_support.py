@@ -28,13 +28,14 @@ def test_an_explicit_run_ai_spec_wins_over_the_shared_folder(tmp_path: Path, mon
 
 def test_the_runai_standin_keeps_a_kai_queue_for_each_department_and_project() -> None:
     """Run:ai's cluster side (QueueSync): departments are parent queues, projects their children,
-    deserved GPUs the quota on the default node pool; usage comes back from the Queues' status."""
+    deserved GPUs the quota on the default node pool (-1, no quota, for a department given none);
+    usage comes back from the Queues' status."""
     runai = RunaiStandin(check_spec=False)
     runai.add_department("vision-dept", gpu_quota=3)
     runai.add_project("vision", department="vision-dept", gpu_quota=2)
     runai.add_project("nlp", gpu_quota=1.5)
     assert sorted(runai.kai_queues(), key=str) == sorted(
-        [("default", None, 0.0), ("vision-dept", None, 3.0), ("vision", "vision-dept", 2.0), ("nlp", "default", 1.5)],
+        [("default", None, -1.0), ("vision-dept", None, 3.0), ("vision", "vision-dept", 2.0), ("nlp", "default", 1.5)],
         key=str,
     )
     assert queue("vision", 2, "vision-dept")["spec"]["parentQueue"] == "vision-dept"

@@ -463,6 +463,18 @@ class DeploymentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RunaiDepartmentInfo:
+    """The Run:ai department of a project, on the project's default node pool, as the last refresh
+    saw it: the parent queue the scheduler also holds a non-preemptible pod to."""
+
+    id: str
+    name: str
+    deserved_gpus: float = 0.0  # -1: no quota (Run:ai's and the scheduler's "unlimited")
+    allocated_non_preemptible: float = 0.0  # Run:ai's count, summed over the department's projects
+    sampled_at: float = 0.0  # epoch seconds Run:ai's answer arrived
+
+
+@dataclass(frozen=True, slots=True)
 class RunaiProjectInfo:
     """A Run:ai project bound to a namespace, as the last refresh saw it."""
 
@@ -473,6 +485,16 @@ class RunaiProjectInfo:
     node_pool: str | None = None  # the project's default node pool (see `core.gpu_view.default_node_pool`)
     allocated_non_preemptible: float = 0.0  # Run:ai's count on `node_pool`
     sampled_at: float = 0.0  # epoch seconds Run:ai's answer arrived
+    department: RunaiDepartmentInfo | None = None  # None: no record of it, so no department limit
+
+
+def department_namespaces(projects: Mapping[str, RunaiProjectInfo] | None) -> dict[str, frozenset[str]]:
+    """The namespaces of `projects` (by namespace) grouped by their department's id."""
+    grouped: dict[str, set[str]] = {}
+    for namespace, project in (projects or {}).items():
+        if project.department is not None:
+            grouped.setdefault(project.department.id, set()).add(namespace)
+    return {department: frozenset(names) for department, names in grouped.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,6 +563,10 @@ class ClusterSnapshot:
     settings_error: str | None = None
     # Run:ai projects by namespace, from the timed refresh; None until a refresh succeeded.
     runai_projects: Mapping[str, RunaiProjectInfo] | None = None
+    # `runai_projects`' namespaces by department id, published with it (`department_namespaces`), so
+    # a department's GPUs are summed over its projects without a pass over every project; None:
+    # derived from `runai_projects` per call.
+    runai_department_namespaces: Mapping[str, frozenset[str]] | None = None
     # Whether Run:ai answered the last directory refresh; None: not known (never refreshed, or no
     # Run:ai directory in this process at all, e.g. `serve --state`).
     runai_reachable: bool | None = None

@@ -499,8 +499,11 @@ async def test_gpu_sharing_requests_both_validators_refuse(cluster: Cluster, kai
 
 
 async def test_a_department_with_less_quota_than_its_projects(cluster: Cluster, kai: Kai) -> None:
-    """Item 5. A department Queue with 1 deserved GPU over a project Queue with 2: the GPU views
-    show what the Queues hold, and KAI checks a non-preemptible pod against the department too."""
+    """Item 5. A department Queue with 1 deserved GPU over a project Queue with 2: KAI checks a
+    non-preemptible pod against the department too, and so do we. With the department's GPU held,
+    our refusal names the GPUs left (the department's: 0), and the same notebook where our check
+    does not reach stays Pending in KAI, held to the department's queue. The GPU views show what
+    the Queues hold and offer what KAI would still place."""
     local = cluster.needs_local("the Run:ai stand-in")
     await turn_runai_on(cluster)
     await ensure_department(cluster, local, "kai-dept")
@@ -514,14 +517,28 @@ async def test_a_department_with_less_quota_than_its_projects(cluster: Cluster, 
     assert department_queue is not None and department_queue["spec"]["resources"]["gpu"]["quota"] == 1
     assert (await create_pod(cluster, gpu_notebook("nb1", project))).rc == 0
     await running(cluster, project, "nb1")
+    # Ours refuses the next one: the project has 1 of its 2 deserved GPUs left, its department none.
     second = await create_pod(cluster, gpu_notebook("nb2", project))
+    assert second.rc != 0 and second.stderr.startswith("Error from server (GpuQuotaExceeded)"), str(second)
+    assert (
+        f"department kai-dept has 0 of 1 deserved GPUs left for its projects' non-preemptible workloads "
+        f"(project {project} has 1 of 2); this notebook asks for 1"
+    ) in second.stderr, second.stderr
+
+    # The counterfactual, as in item 2: the same notebook where our quota check does not reach (a
+    # namespace that is not a project, its pod in the project's queue) waits in KAI, held to the
+    # department's queue.
+    outside = await cluster.plain_namespace("kai-dept-outside")
+    await cluster.ok("label", "namespace", outside, f"{QUEUE_LABEL}={project}")
+    notebook = gpu_notebook("nb2", outside)
+    notebook["metadata"]["labels"].update({QUEUE_LABEL: project, PREEMPTIBILITY: "non-preemptible"})
+    await cluster.apply(notebook)
+    assert (await pod_json(cluster, outside, "nb2"))["spec"]["schedulerName"] == SCHEDULER_NAME
 
     async def kais_reasons() -> list[Obj]:
-        group = kai.pod_group_of(project, "nb2")
+        group = kai.pod_group_of(outside, "nb2")
         return unschedulable(group) if group else []
 
-    # Ours admits it: the project has 1 of its 2 deserved GPUs left, and the department is not checked.
-    assert second.rc == 0 and "GPUs left" not in second.stderr, str(second)
     reasons = await cluster.eventually(kais_reasons, "KAI's reason on nb2's PodGroup", 60)
     assert [r["reason"] for r in reasons] == ["NonPreemptibleOverQuota"], reasons
     assert reasons[0]["message"] == (
@@ -529,7 +546,10 @@ async def test_a_department_with_less_quota_than_its_projects(cluster: Cluster, 
         "GPUs are already allocated for non-preemptible pods. Use a preemptible workload to go over quota."
     ), reasons[0]
     assert reasons[0]["details"]["queueDetails"]["name"] == "kai-dept", reasons[0]
-    assert (await pod_json(cluster, project, "nb2"))["status"]["phase"] == "Pending"
+    await asyncio.sleep(3)  # several scheduling cycles (1 s each): still not placed
+    pod = await pod_json(cluster, outside, "nb2")
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName"), pod["status"]
+    await cluster.ok("delete", "pod", "nb2", "-n", outside, "--wait=false")
 
     # The GPU views show what the Queues hold (read back through the stand-in).
     token = await admin_token(cluster)
@@ -548,7 +568,7 @@ async def test_a_department_with_less_quota_than_its_projects(cluster: Cluster, 
     assert (department["name"], department["quota"], department["allocated_non_preemptible"]) == ("kai-dept", 1, 1)
     listed = next(d for d in admin["departments"] if d["name"] == "kai-dept")
     assert (listed["quota"], listed["allocated_non_preemptible"]) == (1, 1), listed
-    # With nb2 waiting, the view says what KAI would still place: nothing.
+    # What KAI would still place: nothing, though the project has 1 of its 2 deserved GPUs left.
     assert view["available_non_preemptible"] == 0, view
 
     # A department move (the Run:ai project deleted and created again in the other department).

@@ -288,7 +288,10 @@ class RunaiStandin:
             gpus["total"] = total
         gpus["allocated"] = allocated
 
-    def add_department(self, name: str, *, gpu_quota: float = 0, cluster_id: str | None = None) -> dict[str, Any]:
+    def add_department(self, name: str, *, gpu_quota: float = -1, cluster_id: str | None = None) -> dict[str, Any]:
+        """A department as a Run:ai admin creates one. Without `gpu_quota` its deserved GPUs are -1,
+        no quota: Run:ai's scheduler holds a non-preemptible pod to its department's deserved GPUs
+        too, and reads 0 as a limit of none, so a department meant not to limit its projects is -1."""
         cluster_id = cluster_id or self.cluster_id
         pool = self.default_node_pool(cluster_id)
         department = {

@@ -10,7 +10,8 @@ Numbers of the project view are for the project's default node pool (`view_node_
   checks against: deserved minus the larger of Run:ai's `allocatedNonPreemptible` and the pod
   cache's non-preemptible GPUs (running or waiting pods of any kind but jobs, plus reservations of
   admitted pods not yet seen). Run:ai counts only what it has allocated; admission also counts what
-  waits, so the view never promises a GPU that admission would refuse. Null when there is no Run:ai
+  waits, so the view never promises a GPU that admission would refuse. No more than the project's
+  department has left, counted alike (Run:ai's scheduler checks both). Null when there is no Run:ai
   project to take the quota from.
 * `available_preemptible` = the node pool's unallocated GPUs (idle GPUs a job can use over quota),
   capped by the project's GPU limit minus its allocation when Run:ai sets a limit. Null without a
@@ -27,14 +28,16 @@ from pydantic import BaseModel
 
 from webhook.core.quota import gpus_in_use, gpus_left, project_missing_message
 from webhook.core.runai_data import (
+    GpuUsage,
     PoolMetrics,
     PoolQuota,
     RunaiData,
     RunaiDepartment,
     RunaiNodePool,
+    RunaiOrgUnit,
     RunaiProject,
 )
-from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiProjectInfo
+from webhook.snapshot import ClusterSnapshot, NamespaceInfo, RunaiDepartmentInfo, RunaiProjectInfo
 
 
 class GpuCode(StrEnum):
@@ -153,17 +156,30 @@ def default_node_pool(project: RunaiProject | None, node_pools: Iterable[RunaiNo
 
 
 def runai_project_info(
-    project: RunaiProject, namespace: str, node_pools: Iterable[RunaiNodePool] | None, sampled_at: float
+    project: RunaiProject,
+    namespace: str,
+    node_pools: Iterable[RunaiNodePool] | None,
+    sampled_at: float,
+    department: RunaiDepartment | None = None,
+    department_sampled_at: float | None = None,
 ) -> RunaiProjectInfo:
-    """The snapshot record of `project` that `quota.gpus_left` reads: deserved GPUs and
-    Run:ai's non-preemptible allocation on the project's default node pool."""
+    """The snapshot record of `project` that `quota.gpus_left` reads: deserved GPUs and Run:ai's
+    non-preemptible allocation on the project's default node pool, for the project and for its
+    `department` (sampled at `department_sampled_at`, by default `sampled_at`)."""
     pool = default_node_pool(project, node_pools)
-    if pool is None:  # no pool known: the project's totals are the best there is
-        deserved, usage = project.gpu_quota, project.usage
-    else:
-        quota = project.quota_on(pool)
-        deserved = quota.deserved if quota is not None else 0.0
-        usage = project.usage_on(pool)
+    deserved, usage = _pool_quota(project, pool)
+    parent: RunaiDepartmentInfo | None = None
+    # A department with no quota entry on the pool says nothing about it: no department limit there
+    # (unlike a project, whose missing entry is 0 deserved GPUs, Run:ai's default for a project).
+    if department is not None and (pool is None or department.quota_on(pool) is not None):
+        department_deserved, department_usage = _pool_quota(department, pool)
+        parent = RunaiDepartmentInfo(
+            id=department.id,
+            name=department.name,
+            deserved_gpus=department_deserved,
+            allocated_non_preemptible=department_usage.allocated_non_preemptible,
+            sampled_at=sampled_at if department_sampled_at is None else department_sampled_at,
+        )
     return RunaiProjectInfo(
         id=project.id,
         name=project.name,
@@ -172,7 +188,16 @@ def runai_project_info(
         node_pool=pool,
         allocated_non_preemptible=usage.allocated_non_preemptible,
         sampled_at=sampled_at,
+        department=parent,
     )
+
+
+def _pool_quota(unit: RunaiOrgUnit, pool: str | None) -> tuple[float, GpuUsage]:
+    # With no pool known, the unit's totals are the best there is.
+    if pool is None:
+        return unit.gpu_quota, unit.usage
+    quota = unit.quota_on(pool)
+    return (quota.deserved if quota is not None else 0.0), unit.usage_on(pool)
 
 
 def view_node_pool(ns: NamespaceInfo, snapshot: ClusterSnapshot, runai: RunaiData | None) -> str | None:
@@ -354,7 +379,8 @@ def project_gpu_view(
         # directory's last answer, with nothing taken off Run:ai's count.
         info = (snapshot.runai_projects or {}).get(ns.name)
         if info is None or info.id != project.id:
-            info = runai_project_info(project, ns.name, runai.node_pools, sampled_at=now)
+            parent = by_id.get(project.parent_id or "")
+            info = runai_project_info(project, ns.name, runai.node_pools, sampled_at=now, department=parent)
         quota = gpus_left(snapshot, ns.name, now, project=info)
         available_np = max(0.0, quota.left) if quota is not None else None
     node_pool_gpus = _node_pool_gpus(runai.metrics) if runai.metrics is not None else None

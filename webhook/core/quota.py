@@ -13,7 +13,7 @@ depth, `core.kueue.ungated_pod_refusal`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,13 @@ from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.runai_admission import runai_pod_refusal
 from webhook.core.scheduling import pod_target
-from webhook.snapshot import RUNAI_QUEUE_LABEL, ClusterSnapshot, RunaiProjectInfo, holds_gpus
+from webhook.snapshot import (
+    RUNAI_QUEUE_LABEL,
+    ClusterSnapshot,
+    RunaiProjectInfo,
+    department_namespaces,
+    holds_gpus,
+)
 
 EPSILON = 1e-9  # fractions add up in floating point
 
@@ -64,15 +70,20 @@ def pods_holding(snapshot: ClusterSnapshot, namespace: str, exclude: str = "") -
     return index.get(namespace) if excluded is None else index.without(namespace, excluded)
 
 
-@dataclass(frozen=True, slots=True)
-class GpusLeft:
-    """A project's non-preemptible GPUs on its default node pool (R3): what admission checks, the
-    GPU view shows and a refusal says."""
+# The deserved GPUs of a queue that Run:ai's scheduler (KAI) holds to no quota. Any other value is
+# a limit, 0 included: KAI refuses every non-preemptible GPU of a queue whose deserved GPUs are 0.
+UNLIMITED_GPUS = -1.0
 
-    node_pool: str | None
+
+@dataclass(frozen=True, slots=True)
+class DepartmentLeft:
+    """The non-preemptible GPUs a project's department has left on the project's node pool: Run:ai's
+    scheduler holds a non-preemptible pod to every queue up its hierarchy, the department's too."""
+
+    name: str
     deserved: float
-    runai_in_use: float  # Run:ai's allocatedNonPreemptible, less pods that left since it was sampled
-    pods_in_use: float  # `gpus_in_use`: not-finished non-preemptible pods plus pending reservations
+    runai_in_use: float  # Run:ai's allocatedNonPreemptible of the department, less pods that left since
+    pods_in_use: float  # `gpus_in_use` summed over the department's projects this replica has records of
 
     @property
     def in_use(self) -> float:
@@ -80,8 +91,39 @@ class GpusLeft:
 
     @property
     def left(self) -> float:
-        """May be negative (over-committed); show it with `max(left, 0)`."""
         return self.deserved - self.in_use
+
+
+@dataclass(frozen=True, slots=True)
+class GpusLeft:
+    """A project's non-preemptible GPUs on its default node pool (R3): what admission checks, the
+    GPU view shows and a refusal says. The smaller of what the project and its department have left."""
+
+    node_pool: str | None
+    deserved: float
+    runai_in_use: float  # Run:ai's allocatedNonPreemptible, less pods that left since it was sampled
+    pods_in_use: float  # `gpus_in_use`: not-finished non-preemptible pods plus pending reservations
+    department: DepartmentLeft | None = None  # None: the department sets no limit (no quota, or no record)
+
+    @property
+    def in_use(self) -> float:
+        return max(self.runai_in_use, self.pods_in_use)
+
+    @property
+    def project_left(self) -> float:
+        return self.deserved - self.in_use
+
+    @property
+    def department_limits(self) -> bool:
+        """Whether the department, not the project, leaves fewer GPUs."""
+        return self.department is not None and self.department.left < self.project_left
+
+    @property
+    def left(self) -> float:
+        """May be negative (over-committed); show it with `max(left, 0)`."""
+        if self.department is None:
+            return self.project_left
+        return min(self.project_left, self.department.left)
 
 
 def gpus_left(
@@ -105,18 +147,43 @@ def gpus_left(
     return GpusLeft(
         node_pool=project.node_pool,
         deserved=project.deserved_gpus,
-        runai_in_use=runai_in_use(snapshot, namespace, project),
+        runai_in_use=_runai_in_use(snapshot, (namespace,), project.allocated_non_preemptible, project.sampled_at),
         pods_in_use=gpus_in_use(snapshot, namespace, now, exclude=exclude),
+        department=department_left(snapshot, namespace, project, now, exclude=exclude),
     )
 
 
-def runai_in_use(snapshot: ClusterSnapshot, namespace: str, project: RunaiProjectInfo) -> float:
-    """`GpusLeft.runai_in_use`: Run:ai's count less the scheduled non-preemptible pods that left since."""
-    freed = snapshot.freed_pods.get(namespace)
-    if not freed:
-        return max(0.0, project.allocated_non_preemptible)
-    freed_since = sum(f.gpus for f in freed.values() if f.at > project.sampled_at and f.scheduled and not f.preemptible)
-    return max(0.0, project.allocated_non_preemptible - freed_since)
+def department_left(
+    snapshot: ClusterSnapshot, namespace: str, project: RunaiProjectInfo, now: float, *, exclude: str = ""
+) -> DepartmentLeft | None:
+    """`GpusLeft.department`. The department's pods are those of the namespaces whose Run:ai record
+    names the same department (a namespace whose project this replica has no record of is counted
+    by Run:ai's figure alone)."""
+    department = project.department
+    if department is None or department.deserved_gpus == UNLIMITED_GPUS:
+        return None
+    index = snapshot.runai_department_namespaces
+    if index is None:
+        index = department_namespaces(snapshot.runai_projects)
+    members = {namespace} | index.get(department.id, frozenset())
+    return DepartmentLeft(
+        name=department.name,
+        deserved=department.deserved_gpus,
+        runai_in_use=_runai_in_use(snapshot, members, department.allocated_non_preemptible, department.sampled_at),
+        pods_in_use=math.fsum(gpus_in_use(snapshot, ns, now, exclude=exclude) for ns in sorted(members)),
+    )
+
+
+def _runai_in_use(snapshot: ClusterSnapshot, namespaces: Iterable[str], allocated: float, sampled_at: float) -> float:
+    """Run:ai's count less the scheduled non-preemptible pods of `namespaces` that left since it was sampled."""
+    freed_since = 0.0
+    for namespace in namespaces:
+        freed = snapshot.freed_pods.get(namespace)
+        if freed:
+            freed_since += sum(
+                f.gpus for f in freed.values() if f.at > sampled_at and f.scheduled and not f.preemptible
+            )
+    return max(0.0, allocated - freed_since)
 
 
 def format_gpus(value: float) -> str:
@@ -241,12 +308,27 @@ def check_quota(
     left = quota.left
     if gpus > left + EPSILON:
         return Decision.deny(
-            f"project {namespace} has {format_gpus(max(left, 0.0))} of {format_gpus(quota.deserved)} deserved GPUs "
-            "left; " + (asks if isinstance(asks, str) else asks()) + _unreadable_note(snapshot, namespace),
+            quota_left_message(namespace, quota)
+            + "; "
+            + (asks if isinstance(asks, str) else asks())
+            + _unreadable_note(snapshot, namespace),
             code=403,
             reason=Reason.GPU_QUOTA_EXCEEDED,
         )
     return Decision.allow(audit={"gpus": format_gpus(gpus), "gpus-left": format_gpus(left - gpus)})
+
+
+def quota_left_message(namespace: str, quota: GpusLeft) -> str:
+    """ "N of M deserved GPUs left", said of the department when it is the limit."""
+    project = f"project {namespace} has {format_gpus(max(quota.project_left, 0.0))} of {format_gpus(quota.deserved)}"
+    department = quota.department
+    if department is None or not quota.department_limits:
+        return f"{project} deserved GPUs left"
+    return (
+        f"department {department.name} has {format_gpus(max(department.left, 0.0))} of "
+        f"{format_gpus(department.deserved)} deserved GPUs left for its projects' non-preemptible workloads "
+        f"({project})"
+    )
 
 
 def runai_record_missing(snapshot: ClusterSnapshot, namespace: str) -> Decision | None:

@@ -17,16 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from webhook.core.gpu_view import runai_project_info
 from webhook.core.runai_bindings import project_for, projects_by_namespace, replaced
 from webhook.runai.client import RunaiClient, RunaiError, RunaiUnreachable
 from webhook.runai.models import Cluster, Department, NodePool, Project
-from webhook.runai.records import node_pool_record, project_record
+from webhook.runai.records import department_record, node_pool_record, project_record
 from webhook.shared_calls import SharedCalls, TooManyCalls
-from webhook.snapshot import RunaiProjectInfo
+from webhook.snapshot import RunaiProjectInfo, department_namespaces
 from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait, wait_for_event
 
@@ -176,9 +176,15 @@ class RunaiDirectory:
         missing: dict[str, str] | None = None,
     ) -> None:
         snapshot = self.state.snapshot()
-        snapshot.runai_projects = projects
+        self._set_projects(projects)
         snapshot.runai_reachable = reachable
         snapshot.runai_missing = missing or {}
+
+    def _set_projects(self, projects: Mapping[str, RunaiProjectInfo] | None) -> None:
+        # With the index that goes with it (`ClusterSnapshot.runai_department_namespaces`).
+        snapshot = self.state.snapshot()
+        snapshot.runai_projects = projects
+        snapshot.runai_department_namespaces = department_namespaces(projects) if projects is not None else None
 
     def _notify(self) -> None:
         for listener in list(self.listeners):
@@ -200,11 +206,19 @@ class RunaiDirectory:
     ) -> RunaiProjectInfo:
         """The snapshot record of `project`: deserved GPUs and Run:ai's non-preemptible allocation
         on the project's default node pool (the rule the GPU view uses too), as sampled at
-        `sampled_at` (default: the view's refresh)."""
+        `sampled_at` (default: the view's refresh), and its department's from the view's refresh."""
         pools = (view.default_node_pool,) if view is not None and view.default_node_pool is not None else ()
         if sampled_at is None:
             sampled_at = view.refreshed_at if view is not None else 0.0
-        return runai_project_info(project_record(project), namespace, [node_pool_record(p) for p in pools], sampled_at)
+        department = view.department_by_id(project.parent_id) if view is not None else None
+        return runai_project_info(
+            project_record(project),
+            namespace,
+            [node_pool_record(p) for p in pools],
+            sampled_at,
+            department=department_record(department) if department is not None else None,
+            department_sampled_at=view.refreshed_at if view is not None else None,
+        )
 
     def note_project(self, namespace: str, project: Project, sampled_at: float | None = None) -> None:
         """A binder just bound `namespace` to `project`, or a lookup found it (at `sampled_at`):
@@ -219,10 +233,9 @@ class RunaiDirectory:
                 self.view.default_node_pool,
                 self.view.refreshed_at,
             )
-        snapshot.runai_projects = {
-            **(snapshot.runai_projects or {}),
-            namespace: self.info(project, namespace, self.view, sampled_at),
-        }
+        self._set_projects(
+            {**(snapshot.runai_projects or {}), namespace: self.info(project, namespace, self.view, sampled_at)}
+        )
         snapshot.runai_missing = {ns: q for ns, q in snapshot.runai_missing.items() if ns != namespace}
 
     # -- one project on demand ---------------------------------------------------------------
@@ -284,7 +297,7 @@ class RunaiDirectory:
         """A binder deleted a project: stop publishing it."""
         current = self.state.snapshot().runai_projects
         if current is not None:
-            self.state.snapshot().runai_projects = {ns: p for ns, p in current.items() if p.id != project_id}
+            self._set_projects({ns: p for ns, p in current.items() if p.id != project_id})
         if self.view is not None:
             self.view = DirectoryView(
                 self.view.cluster,
