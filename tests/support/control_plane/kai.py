@@ -29,8 +29,11 @@ configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue lab
   ServiceAccount `pod-grouper` of `kai-scheduler` (bound to cluster-admin), the identity our chart
   lets name a pod's PodGroup after creation (`podGroupers`); as the admin its patch is refused.
   Metrics and probes listen on 127.0.0.1 (the scheduler's plugin server, like the webhook server,
-  takes only a port); the queue and pod-group controllers' own webhooks (Queue and PodGroup
-  validation) are off: no test writes a bad Queue or PodGroup.
+  takes only a port), except the pod-group controller's metrics: v0.17.0 parses
+  `--metrics-bind-address` but never uses it, so it always binds :8080. Two KAI harnesses on one
+  machine at once (two clones' test runs) therefore collide on that port; one run at a time. The
+  queue and pod-group controllers' own webhooks (Queue and PodGroup validation) are off: no test
+  writes a bad Queue or PodGroup.
 - kwok runs no container, so the container of KAI's GPU reservation pods (it writes the GPU it was
   given on its pod, which the binder waits for) is played by the tests that need it
   (tests/e2e/test_kai.py, `with_reservations_played`).
