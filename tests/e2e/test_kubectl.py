@@ -310,9 +310,11 @@ def gpu_deployment(name: str, namespace: str, replicas: int) -> Obj:
     }  # fmt: skip
 
 
-async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster: Cluster) -> None:
+async def quota_known_project(cluster: Cluster, prefix: str) -> tuple[str, str]:
+    """A new project, bound to Run:ai by the leader's pass and known to every replica's Run:ai
+    directory; and a Deployment of 3 x 1 GPU (as YAML) that its quota of 2 refuses."""
     await turn_runai_on(cluster)
-    project = await cluster.project("serving")
+    project = await cluster.project(prefix)
 
     async def bound() -> bool:
         return "runai/queue" in (await cluster.get("namespace", project))["metadata"]["labels"]
@@ -330,6 +332,11 @@ async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster
         return result.rc != 0 and "not checked yet" not in result.stderr
 
     await cluster.eventually(checked, f"{project}'s quota known to the replicas", within_s=40)
+    return project, model
+
+
+async def test_gpu_workloads_over_the_quota_are_refused_in_projects_only(cluster: Cluster) -> None:
+    project, model = await quota_known_project(cluster, "serving")
     stderr = await cluster.refused("apply", "-f", "-", stdin=model)
     assert 'admission webhook "validate-workloads.scheduling.hopsworks.ai" denied the request' in stderr, stderr
     assert "Deployment model" in stderr and "Lower its replicas" in stderr, stderr

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_kubectl import gpu_deployment, pod, turn_runai_on
+from tests.e2e.test_kubectl import pod, quota_known_project
 
 pytestmark = pytest.mark.slow
 
@@ -29,23 +29,7 @@ def gpu_notebook(name: str, namespace: str, gpus: int) -> str:
 
 async def test_warn_admits_and_counts_then_enforce_refuses(cluster: Cluster) -> None:
     local = cluster.needs_local("reads the replicas' metrics and needs the Run:ai stand-ins")
-    await turn_runai_on(cluster)  # 2 deserved GPUs per new project
-    project = await cluster.project("warn")
-
-    async def bound() -> bool:
-        return "runai/queue" in (await cluster.get("namespace", project))["metadata"]["labels"]
-
-    deadline = time.monotonic() + 10
-    while not await bound():  # the leader's pass binds a new project
-        assert time.monotonic() < deadline, f"{project} not bound to Run:ai"
-        await asyncio.sleep(0.2)
-    model = yaml.safe_dump(gpu_deployment("model", project, 3))
-
-    async def refused_on_quota() -> bool:
-        result = await cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=model)
-        return result.rc != 0 and "not checked yet" not in result.stderr
-
-    await cluster.eventually(refused_on_quota, f"{project}'s quota known to the replicas", within_s=40)
+    project, _ = await quota_known_project(cluster, "warn")  # 2 deserved GPUs per new project
 
     try:
         await cluster.settings(gpu_quota_enforcement="warn")
