@@ -518,6 +518,43 @@ async def test_a_client_that_never_reads_its_answer_is_closed_at_the_answer_dead
     sock.close()
 
 
+async def test_a_keep_alive_client_reading_a_large_answer_slowly_is_not_reset(
+    https_server: StartHttpsServer,
+) -> None:
+    # The deadline is for clients that stopped reading. A keep-alive client that took its last
+    # answer up at once, then asks again just before that answer's deadline and takes a large one
+    # up slowly (a loaded machine, a small receive window), gets it whole: the old deadline does
+    # not carry over, and one still reading past a deadline gets another.
+    limits = ConnectionLimits(
+        handshake_timeout_s=2, header_timeout_s=5, answer_timeout_s=0.5, idle_timeout_s=60, max_connections=64
+    )
+    srv = await https_server(big_answer_app(), limits=limits)
+    before = closed_total("answer_timeout")
+    size = 300 * 1024
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (LOOPBACK, srv.port))
+    reader, writer = await asyncio.open_connection(
+        sock=sock, ssl=srv.client_ssl_context(), server_hostname=SERVICE_HOST, limit=4096
+    )
+    small = 100
+    writer.write(f"GET /big?bytes={small} HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert len(await reader.readexactly(small)) == small
+    await asyncio.sleep(0.8 * limits.answer_timeout_s)
+    writer.write(f"GET /big?bytes={size} HTTP/1.1\r\nHost: {SERVICE_HOST}\r\n\r\n".encode())
+    received = 0
+    while received < size:
+        chunk = await asyncio.wait_for(reader.read(8192), 10)
+        assert chunk, f"the connection ended after {received} of {size} bytes"
+        received += len(chunk)
+        await asyncio.sleep(0.05)  # about 160 KiB/s: the answer spans several deadlines
+    assert closed_total("answer_timeout") == before
+    writer.close()
+
+
 async def test_at_the_cap_connections_not_reading_their_answers_make_room_before_a_served_one(
     https_server: StartHttpsServer,
 ) -> None:

@@ -13,8 +13,10 @@ listener bounds each phase of a connection's life and how many there are:
   megabytes and sends a byte a minute is closed;
 - each answer must be taken up within `answer_timeout_s` of when its writing began: by then
   neither this process nor the kernel's send queue may hold any of the connection's outgoing
-  bytes unacknowledged (`not_reading`). A client that asks and never reads is reset, instead of
-  holding its answers, the handler writing them and the requests queued behind them for good;
+  bytes unacknowledged (`not_reading`), unless the client is still taking them up, slowly (they
+  shrank, or more was written, over the moment after the deadline): then it has another
+  `answer_timeout_s`. A client that asks and stops reading is reset, instead of holding its
+  answers, the handler writing them and the requests queued behind them for good;
 - at most `max_pipelined` requests of a connection may wait for their answers (the one being
   answered included): past that, nothing more of the connection is read or answered, and it is
   reset when the answer deadline passes. The kube-apiserver's Go client never pipelines; answers
@@ -194,6 +196,7 @@ class BoundedRequestHandler(RequestHandler):
 
     __slots__ = (
         "_answer_by",
+        "_answer_probe",
         "_answer_timeout_s",
         "_answering",
         "_body",
@@ -229,6 +232,9 @@ class BoundedRequestHandler(RequestHandler):
         self._deadline = math.inf
         self._deadline_reason = HEADER_TIMEOUT
         self._answer_by = math.inf
+        # At a due answer whose bytes are still held: (unsent bytes, last write) then, to tell a
+        # client reading slowly (they shrink or a write follows) from one that stopped.
+        self._answer_probe: tuple[int, float] | None = None
         self._answering = False
         # When an answer (or the TLS handshake's last message) was last written.
         self._latest_write = self._loop.time()
@@ -346,7 +352,10 @@ class BoundedRequestHandler(RequestHandler):
         """An answer is being written: unless an older one is still due, it is due within
         `answer_timeout_s`."""
         self._latest_write = self._loop.time()
-        if self._answer_by == math.inf:
+        if self._answer_by == math.inf or not self.unsent_bytes():
+            # No answer before this one is still held: a deadline left from one already taken up
+            # (the timer clears it only when it ticks) must not cut this one short.
+            self._answer_probe = None
             self._answer_by = self._latest_write + self._answer_timeout_s
             if self._answer_by < self._timer_at:
                 self._arm(self._answer_by)
@@ -404,14 +413,24 @@ class BoundedRequestHandler(RequestHandler):
         now = self._loop.time()
         if now >= self._answer_by:
             if self.not_reading(now):
-                self._close_now(ANSWER_TIMEOUT)
-                return
-            if self._answering:  # its bytes gone already: the answer being written is due afresh
-                self._answer_by = now + self._answer_timeout_s
-            elif unacknowledged_bytes(self._sock):  # written this very moment: look again soon
-                self._answer_by = self._latest_write + NOT_READING_AFTER_S
+                unsent = self.unsent_bytes()
+                probe, self._answer_probe = self._answer_probe, (unsent, self._latest_write)
+                if probe is None:  # due: look again in a moment before judging
+                    self._answer_by = now + NOT_READING_AFTER_S
+                elif unsent < probe[0] or self._latest_write > probe[1]:
+                    self._answer_probe = None  # still taking its answer up, slowly: due afresh
+                    self._answer_by = now + self._answer_timeout_s
+                else:
+                    self._close_now(ANSWER_TIMEOUT)
+                    return
             else:
-                self._answer_by = math.inf
+                self._answer_probe = None
+                if self._answering:  # its bytes gone already: the answer being written is due afresh
+                    self._answer_by = now + self._answer_timeout_s
+                elif unacknowledged_bytes(self._sock):  # written this very moment: look again soon
+                    self._answer_by = self._latest_write + NOT_READING_AFTER_S
+                else:
+                    self._answer_by = math.inf
         if now < self._deadline:
             self._arm(min(self._deadline, self._answer_by, now + self._tick_s))
             return
