@@ -31,7 +31,8 @@ configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue lab
   Metrics and probes listen on 127.0.0.1 (the scheduler's plugin server, like the webhook server,
   takes only a port), except the pod-group controller's metrics: v0.17.0 parses
   `--metrics-bind-address` but never uses it, so it always binds :8080. Two KAI harnesses on one
-  machine at once (two clones' test runs) therefore collide on that port; one run at a time. The
+  machine at once (two clones' test runs) would collide on that port, so `kai_running` holds a
+  machine-wide lock (PORT_8080_LOCK) from start to stop and a second run waits its turn. The
   queue and pod-group controllers' own webhooks (Queue and PodGroup validation) are off: no test
   writes a bad Queue or PodGroup.
 - kwok runs no container, so the container of KAI's GPU reservation pods (it writes the GPU it was
@@ -43,7 +44,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
+import tempfile
 import threading
 import time
 import urllib.request
@@ -371,10 +374,15 @@ def _queues(cp: ControlPlane) -> dict[str, Obj]:
     return {q["metadata"]["name"]: q for q in cp.get_json("queues.scheduling.run.ai")["items"]}
 
 
+PORT_8080_LOCK = Path(tempfile.gettempdir()) / "scheduling-webhook-kai-port-8080.lock"
+
+
 @contextlib.contextmanager
 def kai_running(cp: ControlPlane, dir: Path) -> Iterator[Kai]:
-    kai = start_kai(cp, dir)
-    try:
-        yield kai
-    finally:
-        kai.stop()
+    with PORT_8080_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if this process dies
+        kai = start_kai(cp, dir)
+        try:
+            yield kai
+        finally:
+            kai.stop()
