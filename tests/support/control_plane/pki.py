@@ -124,3 +124,29 @@ def webhook_client(dir: Path) -> WebhookClient:
     pair = _leaf(ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, WEBHOOK_CLIENT_NAME)]),
                  ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
     return WebhookClient(ca, ca_file, ClientCert(*_write_pair(dir, "webhook-client", pair)))
+
+
+# The name on the client certificate kube-apiserver presents to aggregated API servers, and the one
+# name its --requestheader-allowed-names accepts (kubeadm's choice too).
+FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
+
+
+@dataclass(frozen=True)
+class FrontProxy:
+    """What the aggregation layer presents when it proxies a request to an APIService's server
+    (--proxy-client-cert-file), from a CA of its own (--requestheader-client-ca-file): a server
+    that trusts this CA for the X-Remote-User headers trusts the apiserver alone, never a user's
+    client certificate, which the cluster CA signs."""
+
+    ca_file: Path
+    cert: ClientCert
+    name: str = FRONT_PROXY_CLIENT_NAME
+
+
+def front_proxy(dir: Path) -> FrontProxy:
+    ca = make_ca("scheduling-webhook test front proxy", days=7)
+    ca_file = dir / "front-proxy-ca.crt"
+    write_file_atomic(ca_file, ca.cert_pem, 0o644)
+    pair = _leaf(ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT_NAME)]),
+                 ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
+    return FrontProxy(ca_file, ClientCert(*_write_pair(dir, "front-proxy-client", pair)))
