@@ -108,6 +108,30 @@ async def test_admin_api_moves_a_project_and_reminds_to_readd_quota_and_access_r
     assert "Re-add GPU quota" in event["message"]
 
 
+async def test_a_dry_run_says_what_a_move_and_a_delete_would_do_and_changes_nothing(
+    env: Env, https_server: StartHttpsServer
+) -> None:
+    env.project_ns("p1")
+    env.project_ns("busy", department="ml", runai_department="ml")
+    env.pod("busy", "notebook-0", "Running")
+    srv = await _serve(env, https_server)
+    status, answer = await _call(srv, "POST", _move("p1") + "?dryRun=All", body={"department": "ml"})
+    assert status == 200, answer
+    assert answer["dry_run"] is True and answer["outcome"] == "moved", answer
+    assert answer["message"].startswith("would move p1"), answer
+    # What a real move would refuse, a dry run refuses alike.
+    status, answer = await _call(srv, "POST", _move("busy") + "?dryRun=All", body={"department": None})
+    assert (status, answer["code"]) == (409, "ProjectBusy"), answer
+    status, answer = await _call(srv, "DELETE", "/api/v1/admin/departments/ml?dryRun=All")
+    assert status == 409 and answer["dry_run"] is True and answer["remaining"] == ["busy"], answer
+    status, answer = await _call(srv, "POST", _move("p1") + "?dryRun=yes", body={"department": "ml"})
+    assert status == 400 and "dryRun" in answer["error"], answer
+    # Reads only: Run:ai was asked (after signing in), nothing was written anywhere.
+    assert [r.path for r in env.runai.requests if r.method != "GET" and r.path != "/api/v1/token"] == []
+    assert DEPARTMENT_LABEL not in env.labels("p1") and env.labels("busy")[DEPARTMENT_LABEL] == "ml"
+    assert env.kube.calls("PATCH", "/api/v1/namespaces/p1") == []
+
+
 async def test_admin_api_answers_each_failure_with_its_status(env: Env, https_server: StartHttpsServer) -> None:
     env.project_ns("busy")
     env.pod("busy", "notebook-0", "Running")
