@@ -6,7 +6,6 @@ and a SubjectAccessReview answered by the Kubernetes emulator's user and rule ta
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -19,12 +18,10 @@ from aiohttp import web
 from tests.support.apps import cache_app
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.test_departments import Env, environment
-from webhook.cli import main as cli_main
 from webhook.http.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.kube.api import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
 from webhook.snapshot import DEPARTMENT_LABEL
-from webhook.tls.issuing import make_ca
 
 ADMIN_TOKEN = "token-of-alice"
 USER_TOKEN = "token-of-bob"
@@ -211,55 +208,6 @@ async def test_deleting_a_department_no_project_is_in_is_404(env: Env, https_ser
     assert (status, answer["code"]) == (404, "DepartmentNotFound"), answer
     assert "nosuch" in answer["error"] and DEPARTMENT_LABEL in answer["error"]
     assert env.kube.get_object("Namespace", "a1")["metadata"]["labels"][DEPARTMENT_LABEL] == "ml"
-
-
-# -- the CLI --------------------------------------------------------------------------------------
-
-
-async def _cli(srv: HttpsServer, *argv: str, token: str | None = ADMIN_TOKEN) -> int:
-    args = ["admin", *argv, "--server", f"https://127.0.0.1:{srv.port}", "--ca", str(srv.certs.ca_file)]
-    if token:
-        args += ["--token", token]
-    # The CLI runs its own event loop, as from a shell; the server keeps serving on this one.
-    return await asyncio.to_thread(cli_main, args)
-
-
-async def test_cli_moves_a_project_and_exits_by_outcome(
-    env: Env, https_server: StartHttpsServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    env.project_ns("p1")
-    env.project_ns("busy")
-    env.pod("busy", "notebook-0", "Running")
-    srv = await _serve(env, https_server)
-
-    assert await _cli(srv, "move-project", "p1", "ml") == 0
-    out = capsys.readouterr().out
-    assert "moved p1" in out and "REMINDER: Re-add GPU quota and access rules" in out
-    assert env.labels("p1")[DEPARTMENT_LABEL] == "ml"
-
-    assert await _cli(srv, "move-project", "busy", "ml") == 1
-    assert "notebook-0" in capsys.readouterr().err
-    assert await _cli(srv, "move-project", "p1", "research", token=USER_TOKEN) == 1
-    assert "403" in capsys.readouterr().err
-
-    monkeypatch.delenv("KUBE_TOKEN", raising=False)
-    assert await _cli(srv, "move-project", "p1", "research", token=None) == 2
-    monkeypatch.setenv("KUBE_TOKEN", ADMIN_TOKEN)
-    assert await _cli(srv, "delete-department", "ml", token=None) == 0
-    out = capsys.readouterr().out
-    assert "moved: p1" in out and DEPARTMENT_LABEL not in env.labels("p1")
-
-
-async def test_cli_exits_2_when_the_server_cannot_be_reached_or_verified(
-    env: Env, https_server: StartHttpsServer, tmp_path: Path
-) -> None:
-    srv = await _serve(env, https_server)
-    other_ca = tmp_path / "other-ca.crt"
-    other_ca.write_bytes(make_ca(days=1).cert_pem)
-    args = ["admin", "move-project", "p1", "ml", "--token", ADMIN_TOKEN, "--server", f"https://127.0.0.1:{srv.port}"]
-    assert await asyncio.to_thread(cli_main, [*args, "--ca", str(other_ca)]) == 2  # untrusted certificate
-    closed = ["admin", "move-project", "p1", "ml", "--token", ADMIN_TOKEN, "--ca", str(srv.certs.ca_file)]
-    assert await asyncio.to_thread(cli_main, [*closed, "--server", "https://127.0.0.1:1"]) == 2
 
 
 async def test_admin_log_lines_cannot_be_forged_through_the_path(
