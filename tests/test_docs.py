@@ -303,5 +303,7 @@ def test_renewal_and_cert_manager_are_documented() -> None:
     assert "certs.mode: certManager" in renewal and "renewBeforeDays" in section(MANIFESTS_README, "## Certificates")
     assert "inject-ca-from" in section(MANIFESTS_README, "## Certificates")
     admin = section(MANIFESTS_README, "## Reaching the server as an admin")
-    assert "port-forward" in admin and "--server-name scheduling-webhook.hopsworks.svc" in admin
-    assert "kubectl -n hopsworks create token" in admin
+    # Through the apiserver with the user's kubeconfig: no token pasted, no port-forward.
+    assert "kubectl hopsworks move" in admin and "--dry-run=server" in admin
+    assert "port-forward" not in admin and "create token" not in admin
+    assert "extension-apiserver-authentication" in admin
