@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
@@ -25,6 +27,7 @@ from tests.e2e.test_kubectl import turn_runai_on
 from webhook.core.admin_view import RunaiAdminView
 from webhook.core.gpu_view import GpuAvailability
 from webhook.core.offer_view import SchedulingOfferView
+from webhook.http.aggregated_api import PREFIX
 
 pytestmark = pytest.mark.slow  # the real control plane and the chart's install
 
@@ -128,3 +131,35 @@ async def test_members_admins_and_strangers_through_the_apiserver(cluster: Clust
         assert DEPARTMENT_LABEL not in ((await namespace_meta(cluster, project)).get("labels") or {})
     finally:
         await cluster.kubectl("delete", "clusterrolebinding", binding)
+
+
+AGGREGATED_PORT = 8445  # the Service's port `aggregated`, which the APIService names
+
+
+async def test_only_the_apiservers_front_proxy_may_name_a_user(cluster: Cluster) -> None:
+    """Straight to the aggregated API's port, past the apiserver: without the front-proxy client
+    certificate no one gets to send X-Remote-User; with it (only the apiserver has it) the header
+    is the caller."""
+    local = cluster.needs_local("calls the replicas past the apiserver")
+    proxy = local.cp.front_proxy
+    assert proxy is not None
+    url = f"https://{local.service_ip}:{AGGREGATED_PORT}{PREFIX}/adminviews/runai"
+    forged = {"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters"}
+
+    def context(cert: tuple[Path, Path] | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(local.dir / "ca.crt"))
+        ctx.check_hostname = False  # the certificate names the Service, not its address
+        if cert is not None:
+            ctx.load_cert_chain(*cert)
+        return ctx
+
+    admin_cert = (local.cp.dir / "pki/admin.crt", local.cp.dir / "pki/admin.key")  # the cluster CA's
+    for cert in (None, admin_cert):
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
+            async with aiohttp.ClientSession() as session, session.get(url, ssl=context(cert), headers=forged) as r:
+                await r.read()
+    front = (proxy.cert.cert_file, proxy.cert.key_file)
+    async with aiohttp.ClientSession() as session, session.get(url, ssl=context(front), headers=forged) as r:
+        assert r.status == 200, await r.text()
+    async with aiohttp.ClientSession() as session, session.get(url, ssl=context(front)) as r:
+        assert r.status == 401, await r.text()  # the front proxy always names a user; this is no proxied call
