@@ -22,9 +22,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from tests.support import chart
 from tests.support.apps import cache_app
@@ -194,6 +196,12 @@ def test_readme_lists_every_endpoint() -> None:
 
     paths |= {"/api/v1/projects/{namespace}/gpu", "/api/v1/admin/runai", MOVE_PATH, DELETE_DEPARTMENT_PATH}
     paths.add(SCHEDULING_PATH)
+    # The aggregated API's, on --aggregated-port (what it serves does not matter for its paths).
+    from webhook.http.aggregated_api import aggregated_routes, requestheader_config
+
+    nothing: Any = None
+    config = requestheader_config({"requestheader-client-ca-file": "CA"})
+    paths |= {r.path for r in aggregated_routes(nothing, nothing, config) if isinstance(r, web.RouteDef)}
     endpoints = section(README, "### Endpoints")
     for path in paths:
         assert f"{path}`" in endpoints, path
