@@ -21,7 +21,7 @@ from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, dra_claims, pod_gpu_request
 from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
-from webhook.core.runai_admission import runai_pod_refusal
+from webhook.core.runai_admission import project_not_bound, runai_pod_refusal
 from webhook.core.scheduling import pod_target
 from webhook.snapshot import (
     RUNAI_QUEUE_LABEL,
@@ -214,11 +214,7 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         )
     queue = ns.runai_queue
     if queue is None:
-        return Decision.deny(
-            f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",
-            code=403,
-            reason=Reason.RUNAI_PROJECT_NOT_BOUND,
-        )
+        return project_not_bound(ns.name)
     if target.labels.get(RUNAI_QUEUE_LABEL) != queue:
         # Our mutating webhook labels every pod of a bound project; a pod without the label (or with
         # another) was mutated before the binding, so Run:ai's webhooks did not see it either.
