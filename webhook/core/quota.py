@@ -1,7 +1,7 @@
 """R2/R3 as pure decisions: is the pod's project bound, and does its GPU request fit the quota.
 
 `validate_pod(request, snapshot, now)` never calls out. Binding happens in the mutating phase
-(`webhook.runai.admission`); here an unbound project, or a pod without its project's `runai/queue`
+(`webhook.http.pod_webhook`); here an unbound project, or a pod without its project's `runai/queue`
 label, is refused: such a pod did not pass Run:ai's admission (defence in depth for S5). What it
 cannot decide alone it says with a reason the shell acts on: `Reason.RUNAI_PROJECT_NOT_KNOWN_HERE` (Run:ai
 answers, but this replica has no record of the project yet, e.g. another replica bound it moments
