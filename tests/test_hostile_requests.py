@@ -1,7 +1,7 @@
-"""Issue 10: one hostile request must cost little, keep nothing, and get a clear 4xx, over real HTTPS.
+"""One hostile request must cost little, keep nothing, and get a clear 4xx, over real HTTPS.
 
-Each test reproduces a finding of the issue (items 2, 3 and 9) against the server as the apiserver
-calls it; the hypothesis-driven storm over the same cases is in tests/test_robustness.py.
+Each test sends one kind of hostile review to the server as the apiserver calls it; the
+hypothesis-driven storm over the same cases is in tests/test_robustness.py.
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def test_a_patch_cannot_be_made_much_larger_than_the_limits() -> None:
     assert f"{MAX_RESULT_EXPRESSIONS} match expressions" in decision.message
 
 
-# -- issue 21.4: answers that echo a caller's text are never sniffed, errors never stored ----------
+# -- answers that echo a caller's text are never sniffed, errors never stored ----------------------
 async def test_answers_say_nosniff_and_error_answers_no_store(https_server: StartHttpsServer) -> None:
     srv = await https_server(make_app())
     async with srv.session.post(srv.url("/mutate/pods"), json=pod_review("churn")) as resp:

@@ -16,7 +16,7 @@ from webhook.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
 
-# Namespace keys (DESIGN §2).
+# The labels and annotations on namespaces that make a project and carry its scheduling choices.
 PROJECT_LABEL = "hopsworks.ai/project"
 DEPARTMENT_LABEL = "hopsworks.ai/department"
 RUNAI_QUEUE_LABEL = "runai/queue"
