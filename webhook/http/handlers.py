@@ -54,32 +54,43 @@ class ClusterParts:
 
 
 def admission_handlers(
-    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None
+    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None, clock: Callable[[], float] = time.time
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
-    either way: a scale without a template passes with a warning and its pods are checked one by one."""
+    either way: a scale without a template passes with a warning and its pods are checked one by one.
+    Every review admitted with would-be refusals (`core.enforcement`) is counted."""
     handlers = _handlers(state, guard, cluster)
     for path in ("/validate/pods", "/validate/workloads"):
         handlers[path] = warning_instead(state, handlers[path])
-    return {path: logging_review_uid(handler) for path, handler in handlers.items()}
+    return {path: logging_review_uid(counting_would_refuse(handler, clock)) for path, handler in handlers.items()}
 
 
-def warning_instead(
-    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time
-) -> AdmissionHandler:
-    """`handler`, with a refusal of a family the settings put in warn mode admitted, as a warning
-    and an audit annotation, and counted (`core.enforcement`, `metrics.WOULD_REFUSE`)."""
+def warning_instead(state: ClusterState, handler: AdmissionHandler) -> AdmissionHandler:
+    """`handler`, with a refusal the settings put in warn mode by its reason (GPU quota) admitted,
+    as a warning and an audit annotation (`core.enforcement`)."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = await handler(request)
         if decision.allowed:
             return decision
         family = warned_family(decision, state.snapshot().settings)
-        if family is None:
-            return decision
-        if not is_dry_run(request):  # counted when it would have kept something out of the cluster
-            WOULD_REFUSE_RECENT.record(family, request_namespace(request), clock())
-        return as_warning(decision, family)
+        return decision if family is None else as_warning(decision, family)
+
+    return handle
+
+
+def counting_would_refuse(handler: AdmissionHandler, clock: Callable[[], float] = time.time) -> AdmissionHandler:
+    """`handler`, with each family of an admitted review's would-be refusals counted per project
+    (`metrics.WOULD_REFUSE`): the operator's measure of what `enforce` would keep out."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        decision = await handler(request)
+        # Counted when it would have kept something out of the cluster: not a dry run, not refused anyway.
+        if decision.would_refuse and decision.allowed and not is_dry_run(request):
+            project, now = request_namespace(request), clock()
+            for family in dict.fromkeys(decision.would_refuse):
+                WOULD_REFUSE_RECENT.record(family, project, now)
+        return decision
 
     return handle
 
