@@ -200,7 +200,12 @@ def test_an_enforced_refusal_still_says_the_would_be_ones() -> None:
     decision, _ = _run(replace(BOTH, settings=warn(PRIORITY_CLASS)))
     assert not decision.allowed and "affinity nvidia.com/gpu.product=A100" in decision.message
     assert "priority class" not in decision.message
-    assert any(w.startswith("admitted because priority_class_enforcement is warn") for w in decision.warnings)
+    assert any(
+        w.startswith(
+            "priority_class_enforcement is warn, so this alone does not refuse the request; with enforce it does:"
+        )
+        for w in decision.warnings
+    ), decision.warnings
 
 
 ALWAYS_REFUSED = [

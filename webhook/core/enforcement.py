@@ -57,8 +57,12 @@ def warned_family(decision: Decision, settings: ClusterSettings) -> str | None:
     return family
 
 
-def warning_text(family: str, message: str) -> str:
-    return f"admitted because {FAMILIES[family]} is warn; with enforce this is refused: {message}"
+def warning_text(family: str, message: str, admitted: bool = True) -> str:
+    """What kubectl prints for a would-be refusal: of a request admitted, or of one refused for
+    another reason (so that fixing that does not come as a surprise)."""
+    if admitted:
+        return f"admitted because {FAMILIES[family]} is warn; with enforce this is refused: {message}"
+    return f"{FAMILIES[family]} is warn, so this alone does not refuse the request; with enforce it does: {message}"
 
 
 def with_would_refuse(decision: Decision, would_refuse: Sequence[WouldRefuse]) -> Decision:
@@ -72,7 +76,7 @@ def with_would_refuse(decision: Decision, would_refuse: Sequence[WouldRefuse]) -
     earlier = decision.audit.get(WOULD_REFUSE_AUDIT)
     return replace(
         decision,
-        warnings=(*decision.warnings, *(warning_text(f, m) for f, m in would_refuse)),
+        warnings=(*decision.warnings, *(warning_text(f, m, decision.allowed) for f, m in would_refuse)),
         audit={**decision.audit, WOULD_REFUSE_AUDIT: f"{earlier}; {said}" if earlier else said},
         would_refuse=(*decision.would_refuse, *(family for family, _ in would_refuse)),
     )
