@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import cluster_state, kueue_setup, local_queue, snapshot
+from tests.support.cluster import cluster_state, kueue_setup, local_queue, namespace, snapshot
 from tests.support.reviews import apply_patch, assert_valid_pod
 from tests.test_scheduling import IN_A100, NAMESPACES, NOT_MAINTENANCE, REQUIRED, Case, _all, _eq, expr
 from tests.test_workloads import BOUND, NOW, as_cronjob, job_template_labelled, labelled, workload
@@ -261,6 +261,7 @@ def test_a_deployments_template_is_mutated_past_a_warned_refusal() -> None:
 
 
 PREEMPTIBLE = {"kai.scheduler/preemptibility": "preemptible"}
+PREEMPTIBLE_SAID = "label kai.scheduler/preemptibility=preemptible on this object"
 
 OWNER_CASES = [
     # (id, request, refused in enforce with, and in warn: allowed, message parts of a quota refusal)
@@ -344,27 +345,66 @@ def test_the_warning_names_the_setting() -> None:
     assert with_would_refuse(Decision.allow(), []) == Decision.allow()
 
 
-def test_the_served_mutation_counts_each_family_per_project_once_per_admitted_review() -> None:
-    def counted(family: str) -> float:
-        return float(WOULD_REFUSE.labels(family, "churn")._value.get())
+def _counted(family: str, project: str = "churn") -> float:
+    return float(WOULD_REFUSE.labels(family, project)._value.get())
 
+
+def test_the_served_pod_validation_counts_the_mutations_would_be_refusals_once_per_pod() -> None:
     state = cluster_state(namespaces=NAMESPACES, **warn(PRIORITY_CLASS, AFFINITY))
-    mutate = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))["/mutate/pods"]
-    before = counted(PRIORITY_CLASS), counted(AFFINITY)
-    admitted = asyncio.run(mutate(BOTH.as_review()["request"]))
-    assert admitted.allowed and set(admitted.would_refuse) == {PRIORITY_CLASS, AFFINITY}
-    assert (counted(PRIORITY_CLASS), counted(AFFINITY)) == (before[0] + 1, before[1] + 1)
-    dry = BOTH.as_review()["request"] | {"dryRun": True}
-    assert asyncio.run(mutate(dry)).allowed
-    assert (counted(PRIORITY_CLASS), counted(AFFINITY)) == (before[0] + 1, before[1] + 1)  # a dry run: not counted
+    served = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))
+    before = _counted(PRIORITY_CLASS), _counted(AFFINITY)
+    request = BOTH.as_review()["request"]
+    # The apiserver may call the mutation twice for one pod (reinvocation): it counts nothing.
+    for _ in range(2):
+        admitted = asyncio.run(served["/mutate/pods"](request))
+        assert admitted.allowed and set(admitted.would_refuse) == {PRIORITY_CLASS, AFFINITY}
+        request = request | {"object": apply_patch(request["object"], list(admitted.patch))}
+    assert (_counted(PRIORITY_CLASS), _counted(AFFINITY)) == before
+    validated = asyncio.run(served["/validate/pods"](request))
+    assert validated.allowed and set(validated.would_refuse) == {PRIORITY_CLASS, AFFINITY}
+    assert validated.warnings == ()  # kubectl has them from the mutating webhook
+    assert (_counted(PRIORITY_CLASS), _counted(AFFINITY)) == (before[0] + 1, before[1] + 1)
+    assert asyncio.run(served["/validate/pods"](request | {"dryRun": True})).allowed
+    assert (_counted(PRIORITY_CLASS), _counted(AFFINITY)) == (before[0] + 1, before[1] + 1)  # a dry run: not counted
     listed = {(p, rule) for p, rule, _, _ in WOULD_REFUSE_RECENT.recent(time.time())}
     assert {("churn", PRIORITY_CLASS), ("churn", AFFINITY)} <= listed
 
 
-def test_a_refused_review_is_not_counted() -> None:
-    state = cluster_state(namespaces=NAMESPACES, **warn(PRIORITY_CLASS))
-    mutate = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))["/mutate/pods"]
-    before = float(WOULD_REFUSE.labels(PRIORITY_CLASS, "churn")._value.get())
-    refused = asyncio.run(mutate(BOTH.as_review()["request"]))
-    assert not refused.allowed and refused.would_refuse == (PRIORITY_CLASS,)
-    assert float(WOULD_REFUSE.labels(PRIORITY_CLASS, "churn")._value.get()) == before
+def test_with_every_family_enforced_the_validation_does_not_judge_the_mutation_again() -> None:
+    state = cluster_state(namespaces=NAMESPACES, **warn(GPU_QUOTA, PREEMPTIBILITY))
+    served = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))
+    # Refused by the mutation in enforce: had it been let through, the validation would not say so.
+    assert asyncio.run(served["/validate/pods"](BOTH.as_review()["request"])).would_refuse == ()
+
+
+def test_a_pod_refused_by_its_validation_is_not_counted() -> None:
+    from tests.test_enforcement import notebook_review
+
+    bound = namespace("vision", labels={"runai/queue": "vision", "hopsworks.ai/runai-project-id": "7"})
+    state = cluster_state(namespaces=[bound], run_ai_enable=True, **warn(PRIORITY_CLASS))
+    state.snapshot().runai_projects = {
+        "vision": RunaiProjectInfo(id="7", name="vision", namespace="vision", deserved_gpus=2, node_pool="default",
+                                   allocated_non_preemptible=1, sampled_at=0)
+    }  # fmt: skip
+    served = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))
+    request = notebook_review()
+    request["object"]["spec"]["priorityClassName"] = "urgent"
+    before = _counted(PRIORITY_CLASS, "vision")
+    refused = asyncio.run(served["/validate/pods"](request))
+    assert not refused.allowed and refused.reason == Reason.GPU_QUOTA_EXCEEDED
+    assert _counted(PRIORITY_CLASS, "vision") == before
+
+
+def test_an_owner_update_that_keeps_its_override_is_not_counted_again() -> None:
+    request = labelled(
+        workload("reqonly-deployment-update-oldobject.json", replicas=1, gpus=1, old_gpus=1, old_replicas=1),
+        PREEMPTIBLE,
+    )
+    request["oldObject"]["metadata"].setdefault("labels", {}).update(PREEMPTIBLE)
+    snap = owner_state(**warn(PREEMPTIBILITY)).snapshot()
+    kept = validate_workload(request, snap, NOW)
+    assert kept.allowed and kept.would_refuse == () and PREEMPTIBLE_SAID in kept.audit[WOULD_REFUSE_AUDIT]
+    assert any(PREEMPTIBLE_SAID in w for w in kept.warnings)
+    del request["oldObject"]["metadata"]["labels"]["kai.scheduler/preemptibility"]
+    added = validate_workload(request, snap, NOW)
+    assert added.allowed and added.would_refuse == (PREEMPTIBILITY,)

@@ -33,6 +33,10 @@ FAMILIES: Mapping[str, str] = {
     QUEUE_TOPOLOGY: "queue_topology_enforcement",
     PREEMPTIBILITY: "preemptibility_enforcement",
 }
+# The families the pod mutation judges (S1, S4): its webhook may be called twice for one pod (the
+# apiserver calls it again when a later webhook changed the pod), so the pod's validation, called
+# once, counts them.
+MUTATION_FAMILIES = (PRIORITY_CLASS, AFFINITY, QUEUE_TOPOLOGY)
 # Refusals the shell turns into warnings after the decision, by reason: each is the last check of
 # its decision, so nothing is left to carry on with.
 BY_REASON: Mapping[Reason, str] = {Reason.GPU_QUOTA_EXCEEDED: GPU_QUOTA}
@@ -65,11 +69,11 @@ def warning_text(family: str, message: str, admitted: bool = True) -> str:
     return f"{FAMILIES[family]} is warn, so this alone does not refuse the request; with enforce it does: {message}"
 
 
-def with_would_refuse(decision: Decision, would_refuse: Sequence[WouldRefuse]) -> Decision:
+def with_would_refuse(decision: Decision, would_refuse: Sequence[WouldRefuse], count: bool = True) -> Decision:
     """`decision` with its would-be refusals: one warning each, the audit annotation naming each
-    family with its message, and the families, which the shell counts once the review is admitted.
-    A refusal carries them too: fixing what it enforces must not hide them, and the shell may
-    still admit it (`as_warning`)."""
+    family with its message, and (`count`) the families, which the shell counts once the review is
+    admitted. A refusal carries them too: fixing what it enforces must not hide them, and the shell
+    may still admit it (`as_warning`)."""
     if not would_refuse:
         return decision
     said = "; ".join(f"{family}: {message}" for family, message in would_refuse)
@@ -78,7 +82,7 @@ def with_would_refuse(decision: Decision, would_refuse: Sequence[WouldRefuse]) -
         decision,
         warnings=(*decision.warnings, *(warning_text(f, m, decision.allowed) for f, m in would_refuse)),
         audit={**decision.audit, WOULD_REFUSE_AUDIT: f"{earlier}; {said}" if earlier else said},
-        would_refuse=(*decision.would_refuse, *(family for family, _ in would_refuse)),
+        would_refuse=(*decision.would_refuse, *(family for family, _ in would_refuse if count)),
     )
 
 

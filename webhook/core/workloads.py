@@ -318,8 +318,16 @@ def validate_workload(
         message = f"{target.kind} {target.name}: {error}"
         if family is None or not warns(settings, family):
             return Decision.deny(message, code=403, reason=Reason.FORBIDDEN)
-        # In warn mode the quota is still checked, as with an owner that carries no such label.
-        return with_would_refuse(_demand_decision(target, namespace, snapshot, new, old, now), [(family, message)])
+        # In warn mode the quota is still checked, as with an owner that carries no such label. An
+        # update of an owner that said the same before is not counted again: controllers update
+        # the objects they own (a Deployment's revision annotation) without anyone asking for it.
+        before = None
+        if target.old is not None:
+            before = owner_label_error(
+                target.old, target.kind, old.kind if old else new.kind, settings, namespace.runai_queue
+            )
+        decision = _demand_decision(target, namespace, snapshot, new, old, now)
+        return with_would_refuse(decision, [(family, message)], count=before != labelled)
     return _demand_decision(target, namespace, snapshot, new, old, now)
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
-from webhook.core.enforcement import as_warning, warned_family
+from webhook.core.enforcement import MUTATION_FAMILIES, as_warning, warned_family, warns
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
@@ -58,11 +58,14 @@ def admission_handlers(
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
     either way: a scale without a template passes with a warning and its pods are checked one by one.
-    Every review admitted with would-be refusals (`core.enforcement`) is counted."""
+    The validating webhooks, called once per request, count what warn mode admitted
+    (`core.enforcement`); a pod's by its validation, the mutation's would-be refusals included."""
     handlers = _handlers(state, guard, cluster)
+    handlers["/validate/pods"] = with_mutation_would_refuse(state, warning_instead(state, handlers["/validate/pods"]))
+    handlers["/validate/workloads"] = warning_instead(state, handlers["/validate/workloads"])
     for path in ("/validate/pods", "/validate/workloads"):
-        handlers[path] = warning_instead(state, handlers[path])
-    return {path: logging_review_uid(counting_would_refuse(handler, clock)) for path, handler in handlers.items()}
+        handlers[path] = counting_would_refuse(handlers[path], clock)
+    return {path: logging_review_uid(handler) for path, handler in handlers.items()}
 
 
 def warning_instead(state: ClusterState, handler: AdmissionHandler) -> AdmissionHandler:
@@ -79,9 +82,29 @@ def warning_instead(state: ClusterState, handler: AdmissionHandler) -> Admission
     return handle
 
 
+def with_mutation_would_refuse(state: ClusterState, handler: AdmissionHandler) -> AdmissionHandler:
+    """`/validate/pods`, with the pod mutation's would-be refusals added to an admission, judged
+    again on the pod as it will be stored, for `counting_would_refuse` to count once per pod
+    (kubectl and the audit log have them from the mutating webhook already). Only while one of
+    the mutation's families is in warn: otherwise there is nothing to find."""
+
+    async def handle(request: Mapping[str, Any]) -> Decision:
+        decision = await handler(request)
+        if not decision.allowed:
+            return decision
+        snapshot = state.snapshot()
+        if not any(warns(snapshot.settings, family) for family in MUTATION_FAMILIES):
+            return decision
+        families = mutate_pod(request, snapshot).would_refuse
+        return replace(decision, would_refuse=(*families, *decision.would_refuse)) if families else decision
+
+    return handle
+
+
 def counting_would_refuse(handler: AdmissionHandler, clock: Callable[[], float] = time.time) -> AdmissionHandler:
     """`handler`, with each family of an admitted review's would-be refusals counted per project
-    (`metrics.WOULD_REFUSE`): the operator's measure of what `enforce` would keep out."""
+    (`metrics.WOULD_REFUSE`): the operator's measure of what `enforce` would keep out. Only the
+    validating webhooks are counted: the apiserver calls each once per request."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = await handler(request)
