@@ -25,9 +25,9 @@ from tests.e2e.test_warn_mode import (
     ADMITTED_BY,
     audited_creator,
     counted,
+    created_audit,
     until_admitted,
     until_refused,
-    would_refuse_audit,
 )
 from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.install import Install
@@ -410,8 +410,11 @@ async def test_a_unit_the_queue_cannot_place_warns_then_is_refused(cluster: Clus
             lambda: running_pods(cluster, project, "hopsworks.ai/workload-type=notebook", 1), "the notebook Running", 60
         )
         assert counted(local, "queue-topology", project) == 1
-        audit = would_refuse_audit(local, since, "pods", project)
+        audit = created_audit(local, since, "pods", project)
         assert said in audit.get("mutate-pods.scheduling.hopsworks.ai/would-refuse", ""), audit
+        # The apiserver called our mutating webhook again after Kueue's changed the pod (round 1).
+        again = [v for k, v in audit.items() if k.startswith("mutation.webhook.admission.k8s.io/round_1")]
+        assert any('"webhook":"mutate-pods.scheduling.hopsworks.ai"' in v for v in again), audit
 
         await cluster.settings(queue_topology_enforcement="enforce")
         again = yaml.safe_dump(notebook("nb-next", project, "rack"))

@@ -73,15 +73,20 @@ async def until_refused(cluster: Cluster, env: dict[str, str], manifest: str, ki
         await asyncio.sleep(0.3)
 
 
-def would_refuse_audit(local: Install, since: int, resource: str, namespace: str) -> dict[str, str]:
-    """The `would-refuse` audit annotations of AUDITED_CREATOR's stored creates of `resource` in
-    `namespace`, by webhook, as the apiserver recorded them."""
+def created_audit(local: Install, since: int, resource: str, namespace: str) -> dict[str, str]:
+    """The audit annotations of AUDITED_CREATOR's stored creates of `resource` in `namespace`, as
+    the apiserver recorded them."""
     found: dict[str, str] = {}
     for event in local.cp.audit.events(since, user=AUDITED_CREATOR_USER):
         if event.verb == "create" and event.resource == resource and event.namespace == namespace and event.code == 201:
             annotations: dict[str, Any] = event.raw.get("annotations") or {}
-            found.update({k: str(v) for k, v in annotations.items() if k.endswith("/would-refuse")})
+            found.update({k: str(v) for k, v in annotations.items()})
     return found
+
+
+def would_refuse_audit(local: Install, since: int, resource: str, namespace: str) -> dict[str, str]:
+    """The `would-refuse` audit annotations of those creates, by webhook."""
+    return {k: v for k, v in created_audit(local, since, resource, namespace).items() if k.endswith("/would-refuse")}
 
 
 def counted(local: Install, rule: str, project: str) -> float:
