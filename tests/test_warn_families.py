@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import cluster_state, kueue_setup, local_queue, namespace, snapshot
+from tests.support.cluster import cluster_state, kueue_setup, local_queue, namespace, settings_configmap, snapshot
 from tests.support.reviews import apply_patch, assert_valid_pod
 from tests.test_scheduling import IN_A100, NAMESPACES, NOT_MAINTENANCE, REQUIRED, Case, _all, _eq, expr
 from tests.test_workloads import BOUND, NOW, as_cronjob, job_template_labelled, labelled, workload
@@ -408,3 +408,30 @@ def test_an_owner_update_that_keeps_its_override_is_not_counted_again() -> None:
     del request["oldObject"]["metadata"]["labels"]["kai.scheduler/preemptibility"]
     added = validate_workload(request, snap, NOW)
     assert added.allowed and added.would_refuse == (PREEMPTIBILITY,)
+
+
+@pytest.mark.parametrize("run_ai", [True, False], ids=["run:ai", "kueue"])
+async def test_the_admin_view_and_console_list_every_familys_projects(aiohttp_client: Any, run_ai: bool) -> None:
+    """The admin view lists the last hour's would-be refusals of any family; with Kueue instead of
+    Run:ai too, where the queue and topology family applies."""
+    from tests.support.apps import cache_app
+    from tests.test_enforcement import EXAMPLE_CLUSTER
+    from webhook.local_mode import folder_mode_routes
+    from webhook.state.folder import load_into
+    from webhook.state.store import ClusterState
+
+    state = ClusterState("hopsworks")
+    load_into(state, EXAMPLE_CLUSTER)
+    if not run_ai:
+        state.apply(settings_configmap(kueue_installed=True, run_ai_enable=False))
+    assert state.snapshot().settings.run_ai_enable is run_ai
+    client = await aiohttp_client(cache_app(state, routes=folder_mode_routes(state, EXAMPLE_CLUSTER, "127.0.0.1")))
+    local = {"Host": "localhost"}
+    rule = PREEMPTIBILITY if run_ai else QUEUE_TOPOLOGY
+    WOULD_REFUSE_RECENT.record(rule, "fraud-detection", time.time())
+    resp = await client.get("/api/v1/admin/runai", headers=local)
+    assert resp.status == 200, await resp.text()
+    rows = [r for r in (await resp.json())["would_refuse"] if r["project"] == "fraud-detection" and r["rule"] == rule]
+    assert len(rows) == 1 and rows[0]["count"] >= 1
+    page = await (await client.get("/ui/admin/", headers=local)).text()
+    assert 'id="would-refuse"' in page and f'<td data-field="rule">{rule}</td>' in page
