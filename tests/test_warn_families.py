@@ -435,3 +435,23 @@ async def test_the_admin_view_and_console_list_every_familys_projects(aiohttp_cl
     assert len(rows) == 1 and rows[0]["count"] >= 1
     page = await (await client.get("/ui/admin/", headers=local)).text()
     assert 'id="would-refuse"' in page and f'<td data-field="rule">{rule}</td>' in page
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"kueue_installed": "true", "run_ai_enable": "true"}, "cannot both be true"),  # G1
+        ({"run_ai_enable": "true"}, "run_ai_enable"),  # G2: not an installer
+    ],
+    ids=["G1", "G2"],
+)
+def test_the_settings_guard_is_enforced_with_every_family_in_warn(change: dict[str, str], said: str) -> None:
+    from tests.test_guard import cm_request
+
+    state = cluster_state(namespaces=NAMESPACES, **warn(*FAMILIES))
+    settings = admission_handlers(state, GuardConfig(install_namespace="hopsworks"))["/validate/settings"]
+    old = {key: "warn" for key in FAMILIES.values()}
+    user = {"username": "someone", "groups": ["system:authenticated"]}
+    decision = asyncio.run(settings(cm_request("UPDATE", {**old, **change}, old, user)))
+    assert not decision.allowed and said in decision.message, decision
+    assert decision.would_refuse == ()
