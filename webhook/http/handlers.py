@@ -58,58 +58,40 @@ def admission_handlers(
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
     either way: a scale without a template passes with a warning and its pods are checked one by one.
-    The validating webhooks, called once per request, count what warn mode admitted
-    (`core.enforcement`); a pod's by its validation, the mutation's would-be refusals included."""
+    The validating webhooks, called once per request, turn and count what warn mode admits."""
     handlers = _handlers(state, guard, cluster)
-    handlers["/validate/pods"] = with_mutation_would_refuse(state, warning_instead(state, handlers["/validate/pods"]))
-    handlers["/validate/workloads"] = warning_instead(state, handlers["/validate/workloads"])
-    for path in ("/validate/pods", "/validate/workloads"):
-        handlers[path] = counting_would_refuse(handlers[path], clock)
+    handlers["/validate/pods"] = warn_mode(state, handlers["/validate/pods"], clock, pods=True)
+    handlers["/validate/workloads"] = warn_mode(state, handlers["/validate/workloads"], clock)
     return {path: logging_review_uid(handler) for path, handler in handlers.items()}
 
 
-def warning_instead(state: ClusterState, handler: AdmissionHandler) -> AdmissionHandler:
-    """`handler`, with a refusal the settings put in warn mode by its reason (GPU quota) admitted,
-    as a warning and an audit annotation (`core.enforcement`)."""
+def warn_mode(
+    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time, pods: bool = False
+) -> AdmissionHandler:
+    """`handler`, with warn mode (`core.enforcement`) carried out: a refusal the settings put in
+    warn by its reason (GPU quota) admitted as a warning and an audit annotation, and each family
+    of an admitted request's would-be refusals counted per project (`metrics.WOULD_REFUSE`).
+
+    `pods`: the pod mutation's families are counted here too, judged again on the pod as it will
+    be stored. The apiserver calls a validating webhook once per request, but the mutating one
+    again when a later webhook changed the pod, and a pod refused after its mutation was never
+    admitted. kubectl and the audit log have those from the mutating webhook already."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = await handler(request)
-        if decision.allowed:
-            return decision
-        family = warned_family(decision, state.snapshot().settings)
-        return decision if family is None else as_warning(decision, family)
-
-    return handle
-
-
-def with_mutation_would_refuse(state: ClusterState, handler: AdmissionHandler) -> AdmissionHandler:
-    """`/validate/pods`, with the pod mutation's would-be refusals added to an admission, judged
-    again on the pod as it will be stored, for `counting_would_refuse` to count once per pod
-    (kubectl and the audit log have them from the mutating webhook already). Only while one of
-    the mutation's families is in warn: otherwise there is nothing to find."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        decision = await handler(request)
-        if not decision.allowed:
-            return decision
+        if decision.allowed and not pods and not decision.would_refuse:
+            return decision  # the common case, with nothing more to read
         snapshot = state.snapshot()
-        if not any(warns(snapshot.settings, family) for family in MUTATION_FAMILIES):
-            return decision
-        families = mutate_pod(request, snapshot).would_refuse
-        return replace(decision, would_refuse=(*families, *decision.would_refuse)) if families else decision
-
-    return handle
-
-
-def counting_would_refuse(handler: AdmissionHandler, clock: Callable[[], float] = time.time) -> AdmissionHandler:
-    """`handler`, with each family of an admitted review's would-be refusals counted per project
-    (`metrics.WOULD_REFUSE`): the operator's measure of what `enforce` would keep out. Only the
-    validating webhooks are counted: the apiserver calls each once per request."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        decision = await handler(request)
-        # Counted when it would have kept something out of the cluster: not a dry run, not refused anyway.
-        if decision.would_refuse and decision.allowed and not is_dry_run(request):
+        if not decision.allowed:
+            family = warned_family(decision, snapshot.settings)
+            if family is None:
+                return decision
+            decision = as_warning(decision, family)
+        judged_again = pods and any(warns(snapshot.settings, family) for family in MUTATION_FAMILIES)
+        if judged_again and (families := mutate_pod(request, snapshot).would_refuse):
+            decision = replace(decision, would_refuse=(*families, *decision.would_refuse))
+        # Counted when it would have kept something out of the cluster: not a dry run.
+        if decision.would_refuse and not is_dry_run(request):
             project, now = request_namespace(request), clock()
             for family in dict.fromkeys(decision.would_refuse):
                 WOULD_REFUSE_RECENT.record(family, project, now)
