@@ -258,6 +258,18 @@ class KubeScope:
         )
         return f"system:serviceaccount:{where}:{name}", await self.token(name, where)
 
+    async def allow(self, user: str, verb: str, resource: str, namespace: str, group: str = "") -> None:
+        """RBAC for `user`: `verb` on `resource` in `namespace` (a Role and its RoleBinding)."""
+        name = self.name(f"allow-{verb}-{resource}").replace("*", "all")
+        rbac = "rbac.authorization.k8s.io/v1"
+        meta = {"name": name, "namespace": namespace}
+        await self.create({"apiVersion": rbac, "kind": "Role", "metadata": meta,
+                           "rules": [{"apiGroups": [group], "resources": [resource], "verbs": [verb]}]})  # fmt: skip
+        group_of_rbac = "rbac.authorization.k8s.io"
+        await self.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
+                           "roleRef": {"apiGroup": group_of_rbac, "kind": "Role", "name": name},
+                           "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
+
     # -- setup and teardown ---------------------------------------------------------------------
 
     def _track(self, obj: Mapping[str, Any]) -> None:
