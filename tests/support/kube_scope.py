@@ -4,8 +4,9 @@ plugin, registered in tests/conftest.py.
 shared_control_plane  (session) the real control plane of tests/support/control_plane (etcd,
                       apiserver, controllers, scheduler, kwok and its fake nodes), started the first
                       time a test asks for it and stopped at the end of the session; a run that
-                      never asks starts nothing. The platform's PriorityClasses and Run:ai's
-                      namespace are there from the start. No chart is installed.
+                      never asks starts nothing. The platform's PriorityClasses, and Run:ai's
+                      namespace with its two admission Deployments (Available), are there from
+                      the start: shared, so a test only reads them. No chart is installed.
 kube_scope            (test) a KubeScope: the test's names, namespaces and objects on that cluster,
                       an install namespace of its own with the chart's RBAC in it, and a kubeconfig
                       that acts as the webhook's ServiceAccount. Everything it made goes after the
@@ -52,7 +53,13 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support import chart
-from tests.support.cluster import PRIORITY_CLASSES, namespace, priority_class, settings_configmap
+from tests.support.cluster import (
+    PRIORITY_CLASSES,
+    namespace,
+    priority_class,
+    runai_admission_objects,
+    settings_configmap,
+)
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 
 Obj = dict[str, Any]
@@ -62,6 +69,7 @@ TEMPLATE_NS = "kube-scope-template"
 SERVICE_ACCOUNT = "scheduling-webhook"  # the chart's ServiceAccount, in every install namespace
 RUNAI_NAMESPACE = "runai"  # Run:ai's own namespace: its name is fixed by Run:ai, so one per cluster
 PROJECT_LABEL = "hopsworks.ai/project"
+NAME_LABEL = "kubernetes.io/metadata.name"  # set by the apiserver on every namespace
 # The chart's objects a Runtime's permissions come from (its Deployment, Service, webhooks and
 # certificates are not needed: the test runs the Runtime in-process and plays the apiserver).
 RBAC_KINDS = frozenset({"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
@@ -127,7 +135,11 @@ def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]
             cp.apply(
                 [priority_class(name, value, policy, default) for name, value, policy, default in PRIORITY_CLASSES]
             )
-            cp.apply([namespace(RUNAI_NAMESPACE, project=False)])
+            # Run:ai's namespace and its two admission Deployments, run by kwok and Available, as
+            # Run:ai's install leaves them: a Runtime with Run:ai on reports nothing about them.
+            cp.apply(runai_admission_objects())
+            cp.kubectl("wait", "--for=condition=Available", "deployment", "--all", "-n", RUNAI_NAMESPACE,
+                       "--timeout=120s", timeout=130)  # fmt: skip
             reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
@@ -270,6 +282,16 @@ class KubeScope:
                            "roleRef": {"apiGroup": group_of_rbac, "kind": "Role", "name": name},
                            "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
 
+    async def admin_token(self, prefix: str = "admin") -> tuple[str, str]:
+        """A ServiceAccount bound to the cluster's `cluster-admin` ClusterRole, and a token of it."""
+        user, token = await self.user_token(prefix)
+        rbac = "rbac.authorization.k8s.io"
+        await self.create({"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding",
+                           "metadata": {"name": self.name(f"{prefix}-cluster-admin")},
+                           "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "cluster-admin"},
+                           "subjects": [{"apiGroup": rbac, "kind": "User", "name": user}]})  # fmt: skip
+        return user, token
+
     # -- setup and teardown ---------------------------------------------------------------------
 
     def _track(self, obj: Mapping[str, Any]) -> None:
@@ -322,14 +344,21 @@ class KubeScope:
 
     async def _cleanup(self) -> None:
         """Everything the test made goes; its namespaces first become plain ones (see the module doc)."""
-        plain = {"metadata": {"labels": {PROJECT_LABEL: None, "runai/queue": None}, "finalizers": None}}
         for name in self._namespaces:
+            current = await self.get("v1", "Namespace", name)
+            if current is None:
+                continue  # the test deleted it already
+            # Every label but the name, every annotation and every finalizer go: nothing is left
+            # that a later test's Runtime would take for a project, a binding or a record to keep.
+            meta = current["metadata"]
+            plain = {"metadata": {"labels": {k: None for k in meta.get("labels") or {} if k != NAME_LABEL},
+                                  "annotations": {k: None for k in meta.get("annotations") or {}},
+                                  "finalizers": None}}  # fmt: skip
             try:
                 await self.patch("v1", "Namespace", name, plain)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                continue  # the test deleted it already
             # Pods first, at once (grace period 0): the namespace controller would give each its
             # grace period, and a later test must not count their GPUs.
             await self.call("DELETE", resource_path("v1", "Pod", name), {"gracePeriodSeconds": 0})
