@@ -270,6 +270,13 @@ class KubeScope:
         )
         return f"system:serviceaccount:{where}:{name}", await self.token(name, where)
 
+    async def webhook_api_client(self) -> ApiClient:
+        """A kubernetes_asyncio ApiClient as the webhook's ServiceAccount (the Runtime's kubeconfig),
+        for a test that builds the server's parts itself; the caller closes it."""
+        configuration = Configuration()
+        await config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        return ApiClient(configuration)
+
     async def allow(self, user: str, verb: str, resource: str, namespace: str, group: str = "") -> None:
         """RBAC for `user`: `verb` on `resource` in `namespace` (a Role and its RoleBinding)."""
         name = self.name(f"allow-{verb}-{resource}").replace("*", "all")
