@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import json
 import shutil
 import tempfile
@@ -279,7 +280,8 @@ class KubeScope:
 
     async def allow(self, user: str, verb: str, resource: str, namespace: str, group: str = "") -> None:
         """RBAC for `user`: `verb` on `resource` in `namespace` (a Role and its RoleBinding)."""
-        name = self.name(f"allow-{verb}-{resource}").replace("*", "all")
+        who = hashlib.sha256(user.encode()).hexdigest()[:8]  # several users may get the same verb here
+        name = self.name(f"allow-{who}-{verb}-{resource}").replace("*", "all")
         rbac = "rbac.authorization.k8s.io/v1"
         meta = {"name": name, "namespace": namespace}
         await self.create({"apiVersion": rbac, "kind": "Role", "metadata": meta,
