@@ -127,8 +127,9 @@ def _render_rbac() -> tuple[Obj, ...]:
     return tuple(o for o in chart.render(values, TEMPLATE_NS) if o["kind"] in RBAC_KINDS)
 
 
-@pytest.fixture(scope="session")
-def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]:
+@contextlib.contextmanager
+def running_cluster(report: Callable[[str], None] = print) -> Iterator[SharedCluster]:
+    """The control plane every scope of a session (or of a bench) shares, until the block ends."""
     dir = Path(tempfile.mkdtemp(prefix="swh-kube-scope-"))  # not under basetemp: nothing left behind
     try:
         rbac = _render_rbac()
@@ -141,13 +142,23 @@ def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]
             cp.apply(runai_admission_objects())
             cp.kubectl("wait", "--for=condition=Available", "deployment", "--all", "-n", RUNAI_NAMESPACE,
                        "--timeout=120s", timeout=130)  # fmt: skip
-            reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
-                reporter.write_line(f"\nshared control plane at {cp.url}: ready: {timings}")
+            timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
+            report(f"shared control plane at {cp.url}: ready: {timings}")
             yield SharedCluster(cp, rbac)
     finally:
         shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]:
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def report(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"\n{line}")
+
+    with running_cluster(report) as shared:
+        yield shared
 
 
 async def admin_api_client(cp: ControlPlane) -> ApiClient:
