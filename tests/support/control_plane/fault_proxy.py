@@ -49,6 +49,7 @@ import pytest
 import yaml
 import yarl
 from aiohttp import web
+from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.control_plane.cluster import ControlPlane, write_kubeconfig
@@ -266,6 +267,12 @@ class FaultProxy:
         path = kubeconfig.with_name(f"{kubeconfig.name}.via-proxy-{self._port}")
         path.write_text(yaml.safe_dump(loaded))
         return path
+
+    async def api_client_via(self, kubeconfig: Path) -> ApiClient:
+        """A kubernetes_asyncio client of `kubeconfig`'s user that goes through the proxy."""
+        configuration = Configuration()
+        await config.load_kube_config(config_file=str(self.via(kubeconfig)), client_configuration=configuration)
+        return ApiClient(configuration)
 
     def client_config(self, token: str | None = None) -> Configuration:
         config = Configuration(host=self.url)
