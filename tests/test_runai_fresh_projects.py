@@ -232,6 +232,7 @@ async def test_deleting_a_project_namespace_while_runai_is_off_completes_and_rep
     taken["metadata"]["finalizers"] = [FINALIZER]
     await env.scope.create(taken)
     await env.settings(run_ai_enable=False)
+    await env.scope.runai_admission()  # up: the admin view's only warning is the project left
     _, admin_token = await env.scope.admin_token()
     a = await env.start("a")
 

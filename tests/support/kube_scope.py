@@ -4,9 +4,9 @@ plugin, registered in tests/conftest.py.
 shared_control_plane  (session) the real control plane of tests/support/control_plane (etcd,
                       apiserver, controllers, scheduler, kwok and its fake nodes), started the first
                       time a test asks for it and stopped at the end of the session; a run that
-                      never asks starts nothing. The platform's PriorityClasses, and Run:ai's
-                      namespace with its two admission Deployments (Available), are there from
-                      the start: shared, so a test only reads them. No chart is installed.
+                      never asks starts nothing. The platform's PriorityClasses and Run:ai's
+                      namespace are there from the start, shared, so a test only reads them. No
+                      chart is installed.
 kube_scope            (test) a KubeScope: the test's names, namespaces and objects on that cluster,
                       an install namespace of its own with the chart's RBAC in it, and a kubeconfig
                       that acts as the webhook's ServiceAccount. Everything it made goes after the
@@ -137,11 +137,7 @@ def running_cluster(report: Callable[[str], None] = print) -> Iterator[SharedClu
             cp.apply(
                 [priority_class(name, value, policy, default) for name, value, policy, default in PRIORITY_CLASSES]
             )
-            # Run:ai's namespace and its two admission Deployments, run by kwok and Available, as
-            # Run:ai's install leaves them: a Runtime with Run:ai on reports nothing about them.
-            cp.apply(runai_admission_objects())
-            cp.kubectl("wait", "--for=condition=Available", "deployment", "--all", "-n", RUNAI_NAMESPACE,
-                       "--timeout=120s", timeout=130)  # fmt: skip
+            cp.apply([namespace(RUNAI_NAMESPACE, project=False)])
             timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
             report(f"shared control plane at {cp.url}: ready: {timings}")
             yield SharedCluster(cp, rbac)
@@ -311,6 +307,31 @@ class KubeScope:
                            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "cluster-admin"},
                            "subjects": [{"apiGroup": rbac, "kind": "User", "name": user}]})  # fmt: skip
         return user, token
+
+    async def runai_admission(self, *, wait: bool = True) -> None:
+        """Run:ai's two admission Deployments in its namespace, as Run:ai's install leaves them (run
+        by kwok; Available unless `wait=False`): a Runtime with Run:ai on then reports nothing about
+        them. Their names are Run:ai's, so they are the test's for its duration and go after it."""
+        for obj in runai_admission_objects():
+            if obj["kind"] == "Deployment":
+                await self.create({k: v for k, v in obj.items() if k != "status"})
+        if not wait:
+            return
+
+        async def available() -> bool:
+            listed = await self.list("apps/v1", "Deployment", RUNAI_NAMESPACE)
+            return (
+                all(
+                    any(
+                        c["type"] == "Available" and c["status"] == "True"
+                        for c in d.get("status", {}).get("conditions", [])
+                    )
+                    for d in listed
+                )
+                and len(listed) >= 2
+            )
+
+        await eventually(available, within_s=60, interval_s=0.1, message="Run:ai's admission Deployments Available")
 
     # -- setup and teardown ---------------------------------------------------------------------
 
