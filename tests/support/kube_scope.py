@@ -16,9 +16,9 @@ As envtest and Kueue's integration suites do, many tests share one apiserver and
 because nothing they make is shared: every namespace and cluster-scoped object a test creates has a
 name carrying the scope's id (`scope.name("churn")` is `churn-<id>`), and the install namespace is
 the test's own. A Runtime started for a test reads the whole cluster, as a real replica does, so it
-sees what earlier tests left while their namespaces terminate; the teardown therefore makes a test's
-namespaces plain ones (no project label, no finalizer) before deleting them, and waits until their
-pods are gone, so that no later Runtime counts them as projects or as GPUs in use.
+sees what earlier tests left while their namespaces terminate; the teardown therefore deletes a
+test's pods at once and makes its namespaces plain ones (no label but their name, no annotation, no
+finalizer) before deleting them, so that no later Runtime counts them as projects or as GPUs in use.
 
 Why this is not tests/e2e's `real_control_plane`: the e2e session installs the chart, and its two
 replicas act on every project namespace of the cluster (binding, labels, finalizers, reservations),
