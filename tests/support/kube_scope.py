@@ -33,6 +33,7 @@ therefore meets the same denials a real install would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import shutil
@@ -257,6 +258,18 @@ class KubeScope:
         )
         return f"system:serviceaccount:{where}:{name}", await self.token(name, where)
 
+    async def allow(self, user: str, verb: str, resource: str, namespace: str, group: str = "") -> None:
+        """RBAC for `user`: `verb` on `resource` in `namespace` (a Role and its RoleBinding)."""
+        name = self.name(f"allow-{verb}-{resource}").replace("*", "all")
+        rbac = "rbac.authorization.k8s.io/v1"
+        meta = {"name": name, "namespace": namespace}
+        await self.create({"apiVersion": rbac, "kind": "Role", "metadata": meta,
+                           "rules": [{"apiGroups": [group], "resources": [resource], "verbs": [verb]}]})  # fmt: skip
+        group_of_rbac = "rbac.authorization.k8s.io"
+        await self.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
+                           "roleRef": {"apiGroup": group_of_rbac, "kind": "Role", "name": name},
+                           "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
+
     # -- setup and teardown ---------------------------------------------------------------------
 
     def _track(self, obj: Mapping[str, Any]) -> None:
@@ -331,16 +344,24 @@ class KubeScope:
         await eventually(no_pods_left, within_s=TEARDOWN_WITHIN_S, interval_s=0.2, message=left)
 
 
-@pytest.fixture
-async def kube_scope(shared_control_plane: SharedCluster, tmp_path: Path) -> AsyncIterator[KubeScope]:
-    api = await admin_api_client(shared_control_plane.cp)
-    scope = KubeScope(shared_control_plane.cp, api, uuid.uuid4().hex[:6], tmp_path / "kube-scope")
-    scope.dir.mkdir(parents=True, exist_ok=True)
+@contextlib.asynccontextmanager
+async def scope_on(shared: SharedCluster, dir: Path) -> AsyncIterator[KubeScope]:
+    """A KubeScope of the shared cluster for as long as the block runs (what `kube_scope` gives a
+    test; a parametrized fixture that needs a scope for some params only opens one itself)."""
+    api = await admin_api_client(shared.cp)
+    scope = KubeScope(shared.cp, api, uuid.uuid4().hex[:6], dir)
+    await asyncio.to_thread(dir.mkdir, parents=True, exist_ok=True)
     try:
-        await scope._install(shared_control_plane.rbac)
+        await scope._install(shared.rbac)
         yield scope
     finally:
         try:
             await scope._cleanup()
         finally:
             await api.close()
+
+
+@pytest.fixture
+async def kube_scope(shared_control_plane: SharedCluster, tmp_path: Path) -> AsyncIterator[KubeScope]:
+    async with scope_on(shared_control_plane, tmp_path / "kube-scope") as scope:
+        yield scope
