@@ -16,8 +16,9 @@ because nothing they make is shared: every namespace and cluster-scoped object a
 name carrying the scope's id (`scope.name("churn")` is `churn-<id>`), and the install namespace is
 the test's own. A Runtime started for a test reads the whole cluster, as a real replica does, so it
 sees what earlier tests left while their namespaces terminate; the teardown therefore makes a test's
-namespaces plain ones (no project label, no finalizer) before deleting them, and waits until their
-pods are gone, so that no later Runtime counts them as projects or as GPUs in use.
+namespaces plain ones (no project, queue or Run:ai project id label, no finalizer) before deleting
+them, and waits until their pods are gone, so that no later Runtime counts them as projects or as
+GPUs in use.
 
 Why this is not tests/e2e's `real_control_plane`: the e2e session installs the chart, and its two
 replicas act on every project namespace of the cluster (binding, labels, finalizers, reservations),
@@ -322,7 +323,10 @@ class KubeScope:
 
     async def _cleanup(self) -> None:
         """Everything the test made goes; its namespaces first become plain ones (see the module doc)."""
-        plain = {"metadata": {"labels": {PROJECT_LABEL: None, "runai/queue": None}, "finalizers": None}}
+        # Without the project id label too: a leader of a later test that sees the deletion would
+        # take the namespace for one it bound and record (or delete) a Run:ai project of that id.
+        labels = {PROJECT_LABEL: None, "runai/queue": None, "hopsworks.ai/runai-project-id": None}
+        plain = {"metadata": {"labels": labels, "finalizers": None}}
         for name in self._namespaces:
             try:
                 await self.patch("v1", "Namespace", name, plain)
