@@ -103,7 +103,8 @@ def request_info(method: str, path: str, query: dict[str, str]) -> Call:
     subresource = "/".join(rest[2:])
     if resource == "namespaces" and name:
         namespace = name
-    watching = query.get("watch") in ("true", "1")
+    # As the apiserver parses it (Go's strconv.ParseBool): kubernetes_asyncio sends `watch=True`.
+    watching = query.get("watch") in ("1", "t", "T", "true", "True", "TRUE")
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
     if method in ("GET", "HEAD"):
         verb = "watch" if watching else ("get" if name else "list")
