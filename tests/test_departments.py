@@ -22,7 +22,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.support.cluster import namespace as namespace_obj
 from tests.support.cluster import settings_configmap
-from tests.support.kube_scope import KubeScope
+from tests.support.control_plane.fault_proxy import FaultProxy
+from tests.support.kube_scope import SERVICE_ACCOUNT, KubeScope
 from tests.support.runai_standin import RunaiStandin
 from tests.support.scope_clients import webhook_api
 from webhook.kube.api import KubeApi
@@ -573,6 +574,21 @@ async def test_department_delete_moves_projects_one_at_a_time_and_stops_at_the_f
     again = await env.mover().delete_department("ml")
     assert again.complete and [m.namespace for m in again.moved] == [b2, c3]
     assert all(env.runai_department_of(env.runai.project(n) or {}) == "default" for n in (a1, b2, c3))
+
+
+async def test_department_delete_when_the_namespace_list_is_refused_moves_nothing_and_says_so(
+    tmp_path: Path, kube_scope: KubeScope
+) -> None:
+    token = await kube_scope.token(SERVICE_ACCOUNT, kube_scope.install_ns)
+    async with FaultProxy(kube_scope.cp) as proxy, environment(tmp_path, kube_scope, proxy.api_client(token)) as env:
+        a1 = env.name("a1")
+        await env.project_ns(a1, department="ml", runai_department="ml")
+        proxy.fail(403, n=1, verb="list", resource="namespaces")
+        with pytest.raises(Exception) as failed:
+            await env.mover().delete_department("ml")
+        assert getattr(failed.value, "status", None) == 503, failed.value  # not "complete, 0 moved"
+        assert proxy.calls(verb="list", resource="namespaces")  # the refusal was the list's
+        assert (await env.labels(a1))[DEPARTMENT_LABEL] == "ml" and env.runai_writes() == []
 
 
 async def test_move_publishes_projects_to_the_directory_and_uses_the_current_client(env: Env) -> None:

@@ -21,8 +21,9 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.cluster import namespace
+from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.fixtures import remote_calls
-from tests.support.kube_scope import KubeScope, eventually
+from tests.support.kube_scope import SERVICE_ACCOUNT, KubeScope, eventually
 from tests.support.runai_standin import RunaiStandin
 from tests.support.scope_clients import namespace_events, webhook_client_config
 from webhook.core.quota import validate_pod
@@ -436,6 +437,29 @@ async def test_deleting_a_project_with_202_accepted_counts_as_deleted(
         assert not slow.violations
 
 
+async def test_a_refused_finalizer_removal_is_tried_again_without_deleting_in_runai_again(
+    kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    refused = kube.name("refused")
+    # Every pass a second apart: a delete repeated pass after pass would show in the count.
+    await put_settings(kube, runai, run_ai_reconcile_interval_s=1)
+    token = await kube.token(SERVICE_ACCOUNT, kube.install_ns)
+    async with FaultProxy(kube.cp) as proxy:
+        replica = await replicas(config=proxy.client_config(token))
+        await kube.create(namespace(refused))
+        await until(lambda: bound(kube, refused), within=5, what="bound")
+        project_id = (await ns_labels(kube, refused))[PROJECT_ID]
+        # The finalizer's removal is refused twice (as an admission policy would), then allowed.
+        refusal = proxy.fail(403, n=2, verb="patch", resource="namespaces", name=refused)
+        await kube.delete("v1", "Namespace", refused)
+        await until(lambda: gone(kube, refused), within=8, what="namespace gone")
+        assert refusal.hits == 2
+        assert len(runai.calls("DELETE", f"/api/v1/org-unit/projects/{project_id}")) == 1
+        await until(lambda: events(kube, "RunaiUnbindFailed", refused), within=5, what="the refusal's Event")
+        await until(lambda: events(kube, "RunaiProjectDeleted", refused), within=5, what="the deletion's Event")
+        await replica.stop()
+
+
 # ---- Operational dependency ----------------------------------------------------------------------
 
 
@@ -648,6 +672,47 @@ async def test_project_in_another_department_than_expected_reports_drift(
 
 def intent(by: str, age_s: float) -> str:
     return json.dumps({"state": "creating", "by": by, "at": time.time() - age_s})
+
+
+async def test_leader_failover_mid_bind(kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]) -> None:
+    failover = kube.name("failover")
+    await put_settings(kube, runai)
+    token = await kube.token(SERVICE_ACCOUNT, kube.install_ns)
+    async with FaultProxy(kube.cp) as proxy:
+        a = await replicas("replica-a", config=proxy.client_config(token))
+        await until(lambda: a.runai.leader.is_leader, within=3, what="a leads")
+        b = await replicas("replica-b")
+
+        def break_namespace_writes_after_create(method: str, path: str, body: Any) -> bool:
+            if method == "POST" and path == "/api/v1/org-unit/projects":
+                # The project is being created; every later write of a to the namespace fails, so
+                # the leader dies between the Run:ai create and the namespace label.
+                proxy.fail(500, n=None, verb="patch", resource="namespaces", name=failover)
+            return False
+
+        runai.fail_when(break_namespace_writes_after_create, times=1)
+        await kube.create(namespace(failover))
+        await until(lambda: creates(runai), within=5, what="a created the Run:ai project")
+        await until(
+            lambda: len(proxy.calls(verb="patch", resource="namespaces", name=failover)) >= 2,
+            within=3,
+            what="a's label write failed",
+        )
+        assert not await bound(kube, failover)
+        assert BINDING_ANNOTATION in (await ns_meta(kube, failover))["annotations"]  # a's recorded intent
+        await a.stop(release=False)  # killed: no release, no cleanup
+    await until(lambda: b.runai.leader.is_leader, within=4, what="b takes over")
+    await until(lambda: bound(kube, failover), within=5, what="b finished the binding")
+    [project] = projects_named(runai, failover)  # exactly one Run:ai project
+    meta = await ns_meta(kube, failover)
+    assert meta["labels"][QUEUE] == failover
+    assert meta["labels"][PROJECT_ID] == project["id"]  # created by us, not adopted
+    assert BINDING_ANNOTATION not in (meta.get("annotations") or {})
+    assert len(creates(runai, None)) == 1
+    # No orphan: deleting the project deletes the one Run:ai project.
+    await kube.delete("v1", "Namespace", failover)
+    await until(lambda: gone(kube, failover), within=5, what="gone")
+    assert not runai.projects
 
 
 async def test_recorded_intent_with_an_existing_project_is_finished_as_created_never_adopted(
