@@ -206,6 +206,8 @@ async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, ku
     [
         ("GET", "/api/v1/pods", {}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/pods", {"watch": "true"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "True"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "false"}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/namespaces/a/pods/p", {}, ("get", "", "pods", "a", "p")),
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/a/leases/l", {},
          ("update", "coordination.k8s.io", "leases", "a", "l")),

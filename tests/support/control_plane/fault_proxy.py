@@ -106,7 +106,8 @@ def request_info(method: str, path: str, query: dict[str, str]) -> Call:
     subresource = "/".join(rest[2:])
     if resource == "namespaces" and name:
         namespace = name
-    watching = query.get("watch") in ("true", "1")
+    # The apiserver reads the flag as Go's strconv.ParseBool does: kubernetes_asyncio sends "True".
+    watching = query.get("watch", "").lower() in ("1", "t", "true")
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
     if method in ("GET", "HEAD"):
         verb = "watch" if watching else ("get" if name else "list")
