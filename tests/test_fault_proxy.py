@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,29 +13,30 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.support.control_plane.cluster import DEFAULT_NODES, ControlPlane, control_plane
+from tests.support.control_plane.cluster import ControlPlane
 from tests.support.control_plane.fault_proxy import FaultProxy, events, request_info
-
-
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with control_plane(tmp_path_factory.mktemp("cp"), nodes=DEFAULT_NODES[:1]) as plane:
-        yield plane
+from tests.support.kube_scope import KubeScope, SharedCluster, eventually
 
 
 @pytest.fixture
-async def proxy(cp: ControlPlane) -> AsyncIterator[FaultProxy]:
-    async with FaultProxy(cp) as p:
-        yield p
+def cp(shared_control_plane: SharedCluster) -> ControlPlane:
+    return shared_control_plane.cp
 
 
 @pytest.fixture
-def ns(cp: ControlPlane) -> Iterator[str]:
-    name = f"fp-{uuid.uuid4().hex[:8]}"
-    cp.kubectl("create", "namespace", name)
-    yield name
-    cp.kubectl("delete", "namespace", name, "--wait=false")
+def proxy(fault_proxy: FaultProxy) -> FaultProxy:
+    return fault_proxy
+
+
+@pytest.fixture
+async def ns(kube_scope: KubeScope) -> str:
+    """A namespace of the test's, once the controllers have put their ConfigMap in it (so that
+    what a watch of it shows is the test's doing)."""
+    name = await kube_scope.namespace("fp", project=False)
+    await eventually(lambda: kube_scope.get("v1", "ConfigMap", "kube-root-ca.crt", name), within_s=30)
+    return name
 
 
 class Client:
@@ -183,12 +183,15 @@ async def test_a_held_watch_lags_while_reads_see_the_object(proxy: FaultProxy, a
     resp.close()
 
 
-async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, cp: ControlPlane, ns: str) -> None:
-    cp.kubectl("create", "serviceaccount", "nobody", "-n", ns)
-    anonymous, nobody = Client(proxy, None), Client(proxy, cp.token(ns, "nobody"))
+async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, kube_scope: KubeScope, ns: str) -> None:
+    user, token = await kube_scope.user_token("nobody")
+    anonymous, nobody = Client(proxy, None), Client(proxy, token)
     try:
         status, body = await nobody.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
-        assert status == 403 and f"system:serviceaccount:{ns}:nobody" in body["message"]
+        assert status == 403 and user in body["message"]
+        await kube_scope.allow(user, "list", "configmaps", ns)
+        status, body = await nobody.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
+        assert status == 200, body
         status, body = await anonymous.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
         assert status in (401, 403) and "system:masters" not in json.dumps(body)
         if status == 403:
@@ -203,6 +206,8 @@ async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, cp
     [
         ("GET", "/api/v1/pods", {}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/pods", {"watch": "true"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "True"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "false"}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/namespaces/a/pods/p", {}, ("get", "", "pods", "a", "p")),
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/a/leases/l", {},
          ("update", "coordination.k8s.io", "leases", "a", "l")),
@@ -219,10 +224,16 @@ def test_requests_are_read_as_the_apiserver_reads_them(
     assert (call.verb, call.group, call.resource, call.namespace, call.name) == expected
 
 
-async def test_a_kubeconfig_of_the_proxy_serves_kubernetes_asyncio(proxy: FaultProxy, tmp_path: Path) -> None:
+async def test_a_kubeconfig_through_the_proxy_is_the_same_user(
+    proxy: FaultProxy, kube_scope: KubeScope, tmp_path: Path
+) -> None:
+    """The webhook's ServiceAccount through the proxy: the chart's RBAC lets it list namespaces."""
     loaded = Configuration()
-    await config.load_kube_config(str(proxy.kubeconfig(tmp_path / "kubeconfig")), client_configuration=loaded)
+    await config.load_kube_config(str(proxy.via(kube_scope.kubeconfig)), client_configuration=loaded)
     async with ApiClient(loaded) as api:
         names = [n.metadata.name for n in (await CoreV1Api(api).list_namespace()).items]
-    assert "kube-system" in names
-    assert proxy.calls(verb="list", resource="namespaces")
+        assert kube_scope.install_ns in names
+        with pytest.raises(ApiException) as denied:
+            await CoreV1Api(api).list_namespaced_secret("kube-system")
+    assert denied.value.status == 403
+    assert [c.verb for c in proxy.calls(resource="namespaces")] == ["list"]

@@ -5,8 +5,8 @@ proxy can, and forwards everything else untouched, so the answers a client sees 
 apiserver's own. A test starts one per test, points the client under test at it, and names each
 fault:
 
-    async with FaultProxy(cp) as proxy:
-        runtime = ...(kubeconfig=proxy.kubeconfig(tmp_path / "kc", token=sa_token))
+    async with FaultProxy(cp) as proxy:     # or the fixture `fault_proxy`, on the shared control plane
+        runtime, ... = await start_runtime(tmp_path, kube_scope, kubeconfig=proxy.via(kube_scope.kubeconfig))
         proxy.fail(503, n=2, verb="list", resource="pods")        # 5xx answers, n times
         proxy.delay(0.5, verb="get", resource="namespaces")       # latency, every matching call
         hang = proxy.hang(verb="list", resource="pods")           # lists that wait until released
@@ -39,20 +39,23 @@ import contextlib
 import json
 import secrets
 import ssl
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 import yarl
 from aiohttp import web
+from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support.control_plane.cluster import ControlPlane, write_kubeconfig
 from tests.support.control_plane.pki import serving_cert
 from tests.support.control_plane.processes import LOOPBACK
+from tests.support.kube_scope import SharedCluster
 
 # Headers of one hop, never forwarded (RFC 9110 7.6.1), and those aiohttp sets itself.
 _HOP_HEADERS = frozenset(
@@ -103,8 +106,8 @@ def request_info(method: str, path: str, query: dict[str, str]) -> Call:
     subresource = "/".join(rest[2:])
     if resource == "namespaces" and name:
         namespace = name
-    # As the apiserver parses it (Go's strconv.ParseBool): kubernetes_asyncio sends `watch=True`.
-    watching = query.get("watch") in ("1", "t", "T", "true", "True", "TRUE")
+    # The apiserver reads the flag as Go's strconv.ParseBool does: kubernetes_asyncio sends "True".
+    watching = query.get("watch", "").lower() in ("1", "t", "true")
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
     if method in ("GET", "HEAD"):
         verb = "watch" if watching else ("get" if name else "list")
@@ -255,6 +258,22 @@ class FaultProxy:
     def kubeconfig(self, path: Path, token: str | None = None) -> Path:
         """A kubeconfig naming the proxy, as `token`'s holder (the admin when None)."""
         return write_kubeconfig(path, self.url, self.cp.pki.ca_file, {"token": token or self.admin_token})
+
+    def via(self, kubeconfig: Path) -> Path:
+        """A copy of `kubeconfig` (beside it) that reaches the apiserver through the proxy, as the
+        same user: e.g. a KubeScope's kubeconfig of the webhook's ServiceAccount."""
+        loaded = yaml.safe_load(kubeconfig.read_text())
+        for cluster in loaded["clusters"]:
+            cluster["cluster"]["server"] = self.url
+        path = kubeconfig.with_name(f"{kubeconfig.name}.via-proxy-{self._port}")
+        path.write_text(yaml.safe_dump(loaded))
+        return path
+
+    async def api_client_via(self, kubeconfig: Path) -> ApiClient:
+        """A kubernetes_asyncio client of `kubeconfig`'s user that goes through the proxy."""
+        configuration = Configuration()
+        await config.load_kube_config(config_file=str(self.via(kubeconfig)), client_configuration=configuration)
+        return ApiClient(configuration)
 
     def client_config(self, token: str | None = None) -> Configuration:
         config = Configuration(host=self.url)
@@ -440,6 +459,13 @@ class FaultProxy:
             while (held := self._held.get(call.resource)) is not None:
                 await held.wait()
             await response.write(line)
+
+
+@pytest.fixture
+async def fault_proxy(shared_control_plane: SharedCluster) -> AsyncIterator[FaultProxy]:
+    """A proxy of the test's own in front of the session's control plane (tests/support/kube_scope.py)."""
+    async with FaultProxy(shared_control_plane.cp) as proxy:
+        yield proxy
 
 
 def events(body: bytes) -> list[dict[str, Any]]:
