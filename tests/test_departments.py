@@ -661,7 +661,7 @@ async def test_the_leaders_reconcile_pass_settles_a_move_left_half_done(env: Env
     assert (await env.labels(p1))[RUNAI_PROJECT_ID_LABEL] == new["id"]
 
 
-# -- a holder proven gone (issue 21, item 6) -----------------------------------------------------
+# -- a holder proven gone ------------------------------------------------------------------------
 
 
 async def test_a_move_held_by_a_process_the_lease_was_taken_over_from_is_resumed_at_once(env: Env) -> None:
