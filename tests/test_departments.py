@@ -25,7 +25,6 @@ from tests.support.cluster import settings_configmap
 from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.kube_scope import SERVICE_ACCOUNT, KubeScope
 from tests.support.runai_standin import RunaiStandin
-from tests.support.scope_clients import webhook_api
 from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, SecretFile
 from webhook.runai.departments import (
@@ -146,7 +145,7 @@ async def environment(tmp_path: Path, scope: KubeScope, api: ApiClient | None = 
     async with RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("ml")
         runai.add_department("research")
-        api = api or await webhook_api(scope)
+        api = api or await scope.webhook_api_client()
         client = RunaiClient(runai.url, runai.client_id, SecretFile(secret_dir, "clientSecret"), options=FAST)
         state = ClusterState(scope.install_ns)
         state.apply(settings_configmap(scope.install_ns, run_ai_enable=True))

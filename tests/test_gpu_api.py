@@ -46,8 +46,6 @@ from webhook.state.store import ClusterState
 
 FAST = ClientOptions(timeout_s=1.0, connect_timeout_s=0.5, retries=1, backoff_s=0.02, backoff_max_s=0.05, deadline_s=3)
 METRICS = "/api/v1/clusters/*/nodepools/*/metrics"
-RBAC = "rbac.authorization.k8s.io/v1"
-RBAC_GROUP = "rbac.authorization.k8s.io"
 # A bound on waiting for the apiserver's RBAC and token caches to catch up with a change.
 CAUGHT_UP_WITHIN_S = 15.0
 
@@ -171,34 +169,25 @@ class Env:
         routes += admin_routes(UnreachableMover(), authorize_with(admin_auth))
         return await self.start(cache_app(self.state, routes=routes), host=host)
 
-    async def caller(self, who: str, namespace: str | None = None, seconds: int = 3600) -> Caller:
-        """A new ServiceAccount (in `namespace`, else the install namespace) and a token of it."""
-        where = namespace or self.scope.install_ns
-        name = self.scope.name(who)
-        await self.scope.create({"apiVersion": "v1", "kind": "ServiceAccount",
-                                 "metadata": {"name": name, "namespace": where}})  # fmt: skip
-        caller = Caller(name, where, await self.scope.token(name, where, seconds))
-        self.callers[who] = caller
+    async def caller(self, who: str, namespace: str | None = None, seconds: int | None = None) -> Caller:
+        """A new ServiceAccount (in `namespace`, else the install namespace) and a token of it
+        (valid `seconds` when given)."""
+        user, token = await self.scope.user_token(who, namespace)
+        _, _, where, name = user.split(":")
+        if seconds is not None:
+            token = await self.scope.token(name, where, seconds)
+        self.callers[who] = caller = Caller(name, where, token)
         return caller
 
     async def grant(self, who: str, namespace: str) -> None:
         """What a member of the project in `namespace` may do (get pods there), once RBAC says so."""
-        name = self.scope.name(f"{who}-reads-pods")
-        meta = {"name": name, "namespace": namespace}
-        await self.scope.create({"apiVersion": RBAC, "kind": "Role", "metadata": meta,
-                                 "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})  # fmt: skip
-        await self.scope.create({"apiVersion": RBAC, "kind": "RoleBinding", "metadata": meta,
-                                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "Role", "name": name},
-                                 "subjects": [{"kind": "ServiceAccount", "name": self.callers[who].name,
-                                               "namespace": self.callers[who].namespace}]})  # fmt: skip
+        await self.scope.allow(self.user(who), "get", "pods", namespace)
         await self.authorized(who, {"verb": "get", "resource": "pods", "namespace": namespace})
 
-    async def make_cluster_admin(self, who: str) -> None:
-        name = self.scope.name(f"{who}-cluster-admin")
-        await self.scope.create({"apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": name},
-                                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": "cluster-admin"},
-                                 "subjects": [{"kind": "ServiceAccount", "name": self.callers[who].name,
-                                               "namespace": self.callers[who].namespace}]})  # fmt: skip
+    async def cluster_admin(self, who: str) -> None:
+        user, token = await self.scope.admin_token(who)
+        _, _, where, name = user.split(":")
+        self.callers[who] = Caller(name, where, token)
         await self.authorized(who, {"verb": "list", "resource": "namespaces"})
 
     async def authorized(self, who: str, attributes: Mapping[str, str]) -> None:
@@ -260,8 +249,7 @@ async def env(https_server: StartHttpsServer, tmp_path: Path, kube_scope: KubeSc
             await env.grant("alice", churn)
             await env.caller("bob")  # member of fraud
             await env.grant("bob", fraud)
-            await env.caller("root")  # cluster admin
-            await env.make_cluster_admin("root")
+            await env.cluster_admin("root")
             await env.caller("ops", ops_ns)  # platform admin by group only
             try:
                 yield env

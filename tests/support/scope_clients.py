@@ -1,13 +1,14 @@
 """What the modules that run webhook parts in-process need of a KubeScope
-(tests/support/kube_scope.py): a kubernetes_asyncio client that is the webhook's ServiceAccount,
-and the Events the code under test wrote about a namespace."""
+(tests/support/kube_scope.py) beside its own helpers: the webhook's ServiceAccount as a client
+Configuration (for a test that makes several clients of it), and the Events the code under test
+wrote about a namespace."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kubernetes_asyncio import config
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import Configuration
 
 from tests.support.kube_scope import KubeScope
 
@@ -17,11 +18,6 @@ async def webhook_client_config(scope: KubeScope) -> Configuration:
     configuration = Configuration()
     await config.load_kube_config(config_file=str(scope.kubeconfig), client_configuration=configuration)
     return configuration
-
-
-async def webhook_api(scope: KubeScope) -> ApiClient:
-    """An ApiClient as the webhook's ServiceAccount; the caller closes it."""
-    return ApiClient(await webhook_client_config(scope))
 
 
 async def namespace_events(scope: KubeScope, name: str, reason: str | None = None) -> list[dict[str, Any]]:
