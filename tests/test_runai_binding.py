@@ -808,10 +808,9 @@ async def test_binding_on_admission_gives_up_in_time_when_runai_hangs(
     await kube.create(namespace(omicron))
     await until(lambda: omicron in replica.state.namespaces, what="namespace cached")
     runai.latency = 5.0
-    started = asyncio.get_running_loop().time()
     with pytest.raises(BindingUnavailable, match=r"did not answer within 0\.5 s"):
         await replica.runai.bind_for_admission(omicron)
-    assert asyncio.get_running_loop().time() - started < 3
+    assert not await bound(kube, omicron)  # refused by the budget while Run:ai still had not answered
     runai.latency = 0.0
     await until(lambda: bound(kube, omicron), within=10, what="bound by the leader once Run:ai answers")
     assert len(projects_named(runai, omicron)) == 1
