@@ -56,6 +56,7 @@ async def measure(rounds: int, tmp_path: Path, shared: SharedCluster) -> tuple[l
                 (tmp_path / name).mkdir()
                 runtime, options, certs = await start_runtime(tmp_path / name, scope, runai_secret_dir=secret_dir)
                 replicas.append(Replica(runtime, options, apiserver_session(certs), token))
+            cluster.replicas[:] = replicas
             a, b = replicas
             await bound_project(cluster, gpus=1)
             for i in range(rounds):
