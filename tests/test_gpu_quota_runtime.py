@@ -10,7 +10,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.cluster import namespace, runai_settings_configmap
 from tests.support.https import wait_until
-from tests.support.kube_scope import KubeScope, eventually
+from tests.support.kube_scope import KubeScope, eventually, resource_path
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import apiserver_session, base_url, binding_settled, start_runtime
@@ -29,6 +29,7 @@ from webhook.runtime import Runtime, ServeOptions
 SECRET = "standin-client-secret"
 NOTEBOOK = {"jupyter": "true"}
 TERMINAL = {"hopsworks.ai/workload-type": "terminal"}
+UNTIL_VALIDATED = "test.scheduling-webhook/validated"  # the scheduling gate of a pod not yet validated
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Cluster:
     runai: RunaiStandin
     vision: str  # the project namespace the tests use
     alice_token: str  # a caller who may read vision's pods
+    replicas: list[Replica] = field(default_factory=list)  # every replica serving, once started
 
 
 @pytest.fixture
@@ -87,6 +89,7 @@ async def replicas(tmp_path: Path, cluster: Cluster) -> AsyncIterator[tuple[Repl
             (tmp_path / name).mkdir()
             runtime, options, certs = await start_runtime(tmp_path / name, cluster.scope, runai_secret_dir=secret_dir)
             started.append(Replica(runtime, options, apiserver_session(certs), cluster.alice_token))
+        cluster.replicas[:] = started
         yield started[0], started[1]
     finally:
         for replica in started:
@@ -125,18 +128,31 @@ async def quota_known(vision: str, *replicas: Replica) -> None:
 
 async def start_pod(cluster: Cluster, replica: Replica, review: dict[str, Any]) -> dict[str, Any]:
     """What the apiserver does for a pod CREATE: mutate, store (it gives the uid), validate. Returns
-    the validation answer; the pod stays stored only when it was allowed."""
+    the validation answer; the pod stays stored only when it was allowed.
+
+    The apiserver stores a pod only once validation allowed it; here it is stored first (the review
+    carries its uid), so until the answer a scheduling gate keeps the scheduler from placing it, and
+    a refused one is deleted at once and gone from every replica's cache before this returns, as if
+    it had never been stored."""
     mutated = await replica.review("/mutate/pods", review)
     assert mutated["allowed"], mutated
     pod = review["request"]["object"]
     if mutated.get("patch"):
         pod = apply_patch(pod, json.loads(base64.b64decode(mutated["patch"])))
-    pod["metadata"]["name"] = f"{review['request']['uid']}-pod"
+    pod["metadata"]["name"] = name = f"{review['request']['uid']}-pod"
+    pod["spec"]["schedulingGates"] = [*pod["spec"].get("schedulingGates", []), {"name": UNTIL_VALIDATED}]
     stored = await cluster.scope.create(pod)
     review["request"]["object"] = stored
     answer = await replica.review("/validate/pods", review)
-    if not answer["allowed"]:
-        await cluster.scope.delete("v1", "Pod", stored["metadata"]["name"], cluster.vision)
+    if answer["allowed"]:
+        await cluster.scope.patch("v1", "Pod", name, {"spec": {"schedulingGates": None}}, cluster.vision)
+    else:
+        await cluster.scope.call("DELETE", resource_path("v1", "Pod", cluster.vision, name), {"gracePeriodSeconds": 0})
+        uid = stored["metadata"]["uid"]
+        for r in cluster.replicas:
+            await wait_until(
+                lambda r=r: uid not in r.runtime.state.pods.get(cluster.vision, {}), what=f"refused {name} gone"
+            )
     return answer
 
 

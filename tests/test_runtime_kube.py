@@ -10,18 +10,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import namespace, settings_configmap
+from tests.support.cluster import settings_configmap
+from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.fixtures import remote_calls
-from tests.support.kube_emulator import KubeEmulator
 from tests.support.kube_scope import KubeScope, eventually
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import apiserver_session, base_url, start_runtime
 from webhook.settings import SETTINGS_CONFIGMAP
 
 
@@ -128,21 +127,15 @@ async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
         await runtime.shutdown()
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(token=TOKEN) as emu:
-        for obj in (namespace("hopsworks", project=False), settings_configmap()):
-            emu.create_object(obj)
-        yield emu
-
-
 async def test_serve_listens_before_a_slow_first_list_and_is_ready_after_it(
-    tmp_path: Path, emulator: KubeEmulator
+    tmp_path: Path, kube_scope: KubeScope, fault_proxy: FaultProxy
 ) -> None:
     # The server listens at once, before its caches have listed, and /readyz says what it waits for
     # until the lists are done: a slow first list must not keep the probes unanswered.
-    emulator.list_latency["/api/v1/pods"] = 120.0  # until released below
-    runtime, options, certs = await start_runtime(tmp_path, emulator, wait_ready_s=None)
+    await kube_scope.settings()
+    slow = fault_proxy.hang(verb="list", resource="pods")  # until released below
+    kubeconfig = fault_proxy.via(kube_scope.kubeconfig)
+    runtime, options, certs = await start_runtime(tmp_path, kube_scope, wait_ready_s=None, kubeconfig=kubeconfig)
     base = base_url(options)
     try:
         async with apiserver_session(certs) as session:
@@ -154,7 +147,7 @@ async def test_serve_listens_before_a_slow_first_list_and_is_ready_after_it(
                 waiting = (await resp.json())["waiting_for"]
                 pending = {kind for w in waiting if w.startswith("caches:") for kind in w[7:].replace(",", " ").split()}
                 assert "Pod" in pending, waiting
-            emulator.list_latency.clear()  # the list completes
+            slow.release()  # the list completes
 
             async def ready() -> bool:
                 async with session.get(f"{base}/readyz") as resp:

@@ -5,7 +5,8 @@ shared_control_plane  (session) the real control plane of tests/support/control_
                       apiserver, controllers, scheduler, kwok and its fake nodes), started the first
                       time a test asks for it and stopped at the end of the session; a run that
                       never asks starts nothing. The platform's PriorityClasses and Run:ai's
-                      namespace are there from the start. No chart is installed.
+                      namespace are there from the start, shared, so a test only reads them. No
+                      chart is installed.
 kube_scope            (test) a KubeScope: the test's names, namespaces and objects on that cluster,
                       an install namespace of its own with the chart's RBAC in it, and a kubeconfig
                       that acts as the webhook's ServiceAccount. Everything it made goes after the
@@ -15,9 +16,9 @@ As envtest and Kueue's integration suites do, many tests share one apiserver and
 because nothing they make is shared: every namespace and cluster-scoped object a test creates has a
 name carrying the scope's id (`scope.name("churn")` is `churn-<id>`), and the install namespace is
 the test's own. A Runtime started for a test reads the whole cluster, as a real replica does, so it
-sees what earlier tests left while their namespaces terminate; the teardown therefore makes a test's
-namespaces plain ones (no project label, no finalizer) before deleting them, and waits until their
-pods are gone, so that no later Runtime counts them as projects or as GPUs in use.
+sees what earlier tests left while their namespaces terminate; the teardown therefore deletes a
+test's pods at once and makes its namespaces plain ones (no label but their name, no annotation, no
+finalizer) before deleting them, so that no later Runtime counts them as projects or as GPUs in use.
 
 Why this is not tests/e2e's `real_control_plane`: the e2e session installs the chart, and its two
 replicas act on every project namespace of the cluster (binding, labels, finalizers, reservations),
@@ -35,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import json
 import shutil
 import tempfile
@@ -52,7 +54,13 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support import chart
-from tests.support.cluster import PRIORITY_CLASSES, namespace, priority_class, settings_configmap
+from tests.support.cluster import (
+    PRIORITY_CLASSES,
+    namespace,
+    priority_class,
+    runai_admission_objects,
+    settings_configmap,
+)
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 
 Obj = dict[str, Any]
@@ -62,6 +70,7 @@ TEMPLATE_NS = "kube-scope-template"
 SERVICE_ACCOUNT = "scheduling-webhook"  # the chart's ServiceAccount, in every install namespace
 RUNAI_NAMESPACE = "runai"  # Run:ai's own namespace: its name is fixed by Run:ai, so one per cluster
 PROJECT_LABEL = "hopsworks.ai/project"
+NAME_LABEL = "kubernetes.io/metadata.name"  # set by the apiserver on every namespace
 # The chart's objects a Runtime's permissions come from (its Deployment, Service, webhooks and
 # certificates are not needed: the test runs the Runtime in-process and plays the apiserver).
 RBAC_KINDS = frozenset({"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
@@ -118,8 +127,9 @@ def _render_rbac() -> tuple[Obj, ...]:
     return tuple(o for o in chart.render(values, TEMPLATE_NS) if o["kind"] in RBAC_KINDS)
 
 
-@pytest.fixture(scope="session")
-def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]:
+@contextlib.contextmanager
+def running_cluster(report: Callable[[str], None] = print) -> Iterator[SharedCluster]:
+    """The control plane every scope of a session (or of a bench) shares, until the block ends."""
     dir = Path(tempfile.mkdtemp(prefix="swh-kube-scope-"))  # not under basetemp: nothing left behind
     try:
         rbac = _render_rbac()
@@ -128,13 +138,23 @@ def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]
                 [priority_class(name, value, policy, default) for name, value, policy, default in PRIORITY_CLASSES]
             )
             cp.apply([namespace(RUNAI_NAMESPACE, project=False)])
-            reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
-                reporter.write_line(f"\nshared control plane at {cp.url}: ready: {timings}")
+            timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
+            report(f"shared control plane at {cp.url}: ready: {timings}")
             yield SharedCluster(cp, rbac)
     finally:
         shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_control_plane(pytestconfig: pytest.Config) -> Iterator[SharedCluster]:
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def report(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"\n{line}")
+
+    with running_cluster(report) as shared:
+        yield shared
 
 
 async def admin_api_client(cp: ControlPlane) -> ApiClient:
@@ -258,9 +278,17 @@ class KubeScope:
         )
         return f"system:serviceaccount:{where}:{name}", await self.token(name, where)
 
+    async def webhook_api_client(self) -> ApiClient:
+        """A kubernetes_asyncio ApiClient as the webhook's ServiceAccount (the Runtime's kubeconfig),
+        for a test that builds the server's parts itself; the caller closes it."""
+        configuration = Configuration()
+        await config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        return ApiClient(configuration)
+
     async def allow(self, user: str, verb: str, resource: str, namespace: str, group: str = "") -> None:
         """RBAC for `user`: `verb` on `resource` in `namespace` (a Role and its RoleBinding)."""
-        name = self.name(f"allow-{verb}-{resource}").replace("*", "all")
+        who = hashlib.sha256(user.encode()).hexdigest()[:8]  # several users may get the same verb here
+        name = self.name(f"allow-{who}-{verb}-{resource}").replace("*", "all")
         rbac = "rbac.authorization.k8s.io/v1"
         meta = {"name": name, "namespace": namespace}
         await self.create({"apiVersion": rbac, "kind": "Role", "metadata": meta,
@@ -269,6 +297,41 @@ class KubeScope:
         await self.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
                            "roleRef": {"apiGroup": group_of_rbac, "kind": "Role", "name": name},
                            "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
+
+    async def admin_token(self, prefix: str = "admin") -> tuple[str, str]:
+        """A ServiceAccount bound to the cluster's `cluster-admin` ClusterRole, and a token of it."""
+        user, token = await self.user_token(prefix)
+        rbac = "rbac.authorization.k8s.io"
+        await self.create({"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding",
+                           "metadata": {"name": self.name(f"{prefix}-cluster-admin")},
+                           "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "cluster-admin"},
+                           "subjects": [{"apiGroup": rbac, "kind": "User", "name": user}]})  # fmt: skip
+        return user, token
+
+    async def runai_admission(self, *, wait: bool = True) -> None:
+        """Run:ai's two admission Deployments in its namespace, as Run:ai's install leaves them (run
+        by kwok; Available unless `wait=False`): a Runtime with Run:ai on then reports nothing about
+        them. Their names are Run:ai's, so they are the test's for its duration and go after it."""
+        for obj in runai_admission_objects():
+            if obj["kind"] == "Deployment":
+                await self.create({k: v for k, v in obj.items() if k != "status"})
+        if not wait:
+            return
+
+        async def available() -> bool:
+            listed = await self.list("apps/v1", "Deployment", RUNAI_NAMESPACE)
+            return (
+                all(
+                    any(
+                        c["type"] == "Available" and c["status"] == "True"
+                        for c in d.get("status", {}).get("conditions", [])
+                    )
+                    for d in listed
+                )
+                and len(listed) >= 2
+            )
+
+        await eventually(available, within_s=60, interval_s=0.1, message="Run:ai's admission Deployments Available")
 
     # -- setup and teardown ---------------------------------------------------------------------
 
@@ -322,14 +385,21 @@ class KubeScope:
 
     async def _cleanup(self) -> None:
         """Everything the test made goes; its namespaces first become plain ones (see the module doc)."""
-        plain = {"metadata": {"labels": {PROJECT_LABEL: None, "runai/queue": None}, "finalizers": None}}
         for name in self._namespaces:
+            current = await self.get("v1", "Namespace", name)
+            if current is None:
+                continue  # the test deleted it already
+            # Every label but the name, every annotation and every finalizer go: nothing is left
+            # that a later test's Runtime would take for a project, a binding or a record to keep.
+            meta = current["metadata"]
+            plain = {"metadata": {"labels": {k: None for k in meta.get("labels") or {} if k != NAME_LABEL},
+                                  "annotations": {k: None for k in meta.get("annotations") or {}},
+                                  "finalizers": None}}  # fmt: skip
             try:
                 await self.patch("v1", "Namespace", name, plain)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                continue  # the test deleted it already
             # Pods first, at once (grace period 0): the namespace controller would give each its
             # grace period, and a later test must not count their GPUs.
             await self.call("DELETE", resource_path("v1", "Pod", name), {"gracePeriodSeconds": 0})
