@@ -3,7 +3,7 @@ never admitted unmutated, on either pod webhook, on either replica.
 
 Two real Runtimes against the shared real control plane, each through the test's fault proxy,
 which holds the namespace watches back (the apiserver has the namespace; the replicas' watches
-lag), and the spec-checked Run:ai stand-in, driven over HTTPS as the apiserver does.
+lag), Kueue's CRDs for the Job's case, and the spec-checked Run:ai stand-in, driven over HTTPS as the apiserver does.
 """
 
 from __future__ import annotations
@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import runai_settings_configmap, settings_configmap
+from tests.support.cluster import kueue_setup, local_queue, runai_settings_configmap, settings_configmap
 from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.https import wait_until
-from tests.support.kube_scope import KubeScope
+from tests.support.kube_scope import KubeScope, SharedCluster
+from tests.support.kueue_crds import kueue_crds
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
 from tests.support.runtime import ServedRuntime, apiserver_session, binding_settled, start_runtime
@@ -157,3 +158,47 @@ async def test_with_runai_on_an_unseen_bound_namespace_is_decided_by_both_webhoo
         assert not over["allowed"] and over["status"]["reason"] == "GpuQuotaExceeded", over
         assert replica.knows(quota)
     assert not any(r.runtime.state.namespaces[gpus].moving for r in env.replicas)
+
+
+@pytest.fixture
+def kueue(shared_control_plane: SharedCluster) -> Iterator[None]:
+    """Kueue's CRDs, installed before the replicas start (they look for Kueue once a minute)."""
+    with kueue_crds(shared_control_plane.cp):
+        yield
+
+
+async def test_with_kueue_on_a_job_of_an_unseen_namespace_still_gets_its_queue(kueue: None, env: Env) -> None:
+    # A Job passed as no project's would run outside Kueue's quota: its namespace is read too.
+    await env.scope.put(settings_configmap(env.scope.install_ns, kueue_installed=True))
+    for obj in kueue_setup():
+        obj.pop("status", None)  # a ClusterQueue's status is Kueue's to write
+        if obj["kind"] == "ResourceFlavor":
+            obj["spec"]["nodeLabels"] = {"type": "kwok"}  # Kueue requires some with a topology
+        await env.scope.create(obj)
+    await wait_until(lambda: all(r.runtime.state.settings.kueue_installed for r in env.replicas), within=10,
+                     what="Kueue on")  # fmt: skip
+    env.proxy.hold_watches("namespaces")
+    batch = await env.scope.namespace("batch")
+    await env.scope.create(local_queue(batch, "default"))
+    await wait_until(lambda: all(batch in r.runtime.state.local_queue_info for r in env.replicas), within=30,
+                     what="the LocalQueue cached")  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": batch},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "x"}]}}},
+    }
+    request = {"uid": "job-1", "kind": {"group": "batch", "version": "v1", "kind": "Job"},
+               "resource": {"group": "batch", "version": "v1", "resource": "jobs"}, "namespace": batch,
+               "name": "train", "operation": "CREATE", "object": job}  # fmt: skip
+    for replica in env.replicas:
+        assert not replica.knows(batch)
+        answer = await replica.review(
+            "/mutate/workloads",
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request},
+        )
+        assert answer["allowed"], answer
+        paths = _paths(answer)
+        assert "/metadata/labels" in paths or "/metadata/labels/kueue.x-k8s.io~1queue-name" in paths
+        assert answer["auditAnnotations"]["queue"] == "default"
+        assert replica.knows(batch)
