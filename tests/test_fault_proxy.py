@@ -143,6 +143,25 @@ async def test_a_real_compaction_expires_a_continue_token(proxy: FaultProxy, adm
     assert status == 200 and {"a", "b", "c", "d"} <= {i["metadata"]["name"] for i in body["items"]}
 
 
+async def test_a_rewrite_hands_out_what_the_apiserver_would_not_store(
+    proxy: FaultProxy, admin: Client, ns: str
+) -> None:
+    def unreadable(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["metadata"]["name"] == "odd":
+            obj["metadata"]["labels"] = "not-a-map"
+        return obj
+
+    await admin.call("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap("odd"))
+    proxy.rewrite(unreadable, resource="configmaps", namespace=ns)
+    _, listed = await admin.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
+    odd = next(i for i in listed["items"] if i["metadata"]["name"] == "odd")
+    assert odd["metadata"]["labels"] == "not-a-map"
+    async with admin.watch(f"/api/v1/namespaces/{ns}/configmaps?watch=true&timeoutSeconds=1") as resp:
+        watched = {e["object"]["metadata"]["name"]: e["object"] for e in events(await resp.read())}
+    assert watched["odd"]["metadata"]["labels"] == "not-a-map"
+    assert watched["kube-root-ca.crt"]["metadata"].get("labels") != "not-a-map"
+
+
 async def _watch_until_open(proxy: FaultProxy, admin: Client, ns: str) -> Any:
     resp = await admin.watch(f"/api/v1/namespaces/{ns}/configmaps?watch=true").__aenter__()
     for _ in range(100):
@@ -206,6 +225,8 @@ async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, ku
     [
         ("GET", "/api/v1/pods", {}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/pods", {"watch": "true"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "True"}, ("watch", "", "pods", "", "")),
+        ("GET", "/api/v1/pods", {"watch": "false"}, ("list", "", "pods", "", "")),
         ("GET", "/api/v1/namespaces/a/pods/p", {}, ("get", "", "pods", "a", "p")),
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/a/leases/l", {},
          ("update", "coordination.k8s.io", "leases", "a", "l")),

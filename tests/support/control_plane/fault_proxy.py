@@ -16,6 +16,7 @@ fault:
         proxy.cut_watches("pods")                                 # streams aborted mid-watch
         proxy.end_watches()                                       # streams ended cleanly
         proxy.hold_watches("namespaces"); proxy.release_watches("namespaces")   # a lagging watch
+        proxy.rewrite(edit, resource="pods")                      # objects no apiserver would store
         proxy.calls(verb="list", resource="pods")                 # what reached the proxy
 
 Credentials: the proxy forwards the caller's `Authorization` header, so the apiserver
@@ -39,7 +40,7 @@ import contextlib
 import json
 import secrets
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ def request_info(method: str, path: str, query: dict[str, str]) -> Call:
     subresource = "/".join(rest[2:])
     if resource == "namespaces" and name:
         namespace = name
-    watching = query.get("watch") in ("true", "1")
+    # The apiserver reads the flag as Go's strconv.ParseBool does: kubernetes_asyncio sends "True".
+    watching = query.get("watch", "").lower() in ("1", "t", "true")
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
     if method in ("GET", "HEAD"):
         verb = "watch" if watching else ("get" if name else "list")
@@ -144,6 +146,7 @@ class Fault:
     delay_s: float = 0.0  # before forwarding
     held: asyncio.Event | None = None  # forwarded once set
     expire: str | None = None  # "stream" or "http": the resourceVersion is gone, as the apiserver says it
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # applied to each object answered
     hits: int = 0  # requests it has acted on
     waiting: int = 0  # requests it holds now
 
@@ -179,6 +182,21 @@ class _Watch:
 def _status(code: int, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
             "reason": _REASONS.get(code, ""), "code": code}  # fmt: skip
+
+
+def _edited(obj: dict[str, Any], edits: list[Callable[[dict[str, Any]], dict[str, Any]]]) -> dict[str, Any]:
+    for edit in edits:
+        obj = edit(obj)
+    return obj
+
+
+def _edited_answer(body: bytes, edits: list[Callable[[dict[str, Any]], dict[str, Any]]]) -> bytes:
+    answer = json.loads(body)
+    if isinstance(answer.get("items"), list):
+        answer["items"] = [_edited(item, edits) for item in answer["items"]]
+    elif answer.get("kind") != "Status":
+        answer = _edited(answer, edits)
+    return json.dumps(answer).encode()
 
 
 def _etcd_url(cp: ControlPlane) -> str:
@@ -314,6 +332,12 @@ class FaultProxy:
         resource are older than 75 s. A real 410 for lists and continue tokens: `compact()`."""
         return self._add(Fault(self, Match(**match), n, expire=("stream" if in_stream else "http")))
 
+    def rewrite(self, edit: Callable[[dict[str, Any]], dict[str, Any]], n: int | None = None, **match: str) -> Fault:
+        """Every object that matching requests are answered with (a get's object, a list's items, a
+        watch's events) goes through `edit` on its way back: objects the apiserver would never
+        store, handed to the client as a list or a watch event would."""
+        return self._add(Fault(self, Match(**match), n, edit=edit))
+
     def clear(self) -> None:
         for fault in list(self.faults):
             fault.remove()
@@ -391,9 +415,12 @@ class FaultProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         call = request_info(request.method, request.path, dict(request.query))
         self.requests.append(call)
+        edits: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
         for fault in list(self.faults):
             if not fault.take(call):
                 continue
+            if fault.edit is not None:
+                edits.append(fault.edit)
             if fault.delay_s:
                 await asyncio.sleep(fault.delay_s)
             if fault.held is not None:
@@ -408,6 +435,8 @@ class FaultProxy:
             if fault.expire is not None:
                 return await self._expired(request, call, in_stream=fault.expire == "stream")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        if edits:  # a body the proxy rewrites must come uncompressed
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
         session = self._session
         if headers.get("Authorization") == f"Bearer {self.admin_token}":
             del headers["Authorization"]
@@ -419,12 +448,15 @@ class FaultProxy:
         async with session.request(request.method, url, headers=headers, data=body, allow_redirects=False) as up:
             out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
             if not call.is_watch:
-                return web.Response(status=up.status, body=await up.read(), headers=out_headers)
+                body = await up.read()
+                if edits and up.status == 200:
+                    body = _edited_answer(body, edits)
+                return web.Response(status=up.status, body=body, headers=out_headers)
             response = web.StreamResponse(status=up.status, headers=out_headers)
             await response.prepare(request)
             watch = _Watch(call)
             self._watches.add(watch)
-            pump: asyncio.Future[Any] = asyncio.create_task(self._pump(up, response, call))
+            pump: asyncio.Future[Any] = asyncio.create_task(self._pump(up, response, call, edits))
             try:
                 done, _ = await asyncio.wait({pump, watch.ended}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -451,13 +483,28 @@ class FaultProxy:
         await response.write_eof()
         return response
 
-    async def _pump(self, up: aiohttp.ClientResponse, response: web.StreamResponse, call: Call) -> None:
-        """Copy a watch stream event by event (one JSON object a line), holding back the events of
-        a held resource until it is released."""
-        while line := await up.content.readline():
-            while (held := self._held.get(call.resource)) is not None:
-                await held.wait()
-            await response.write(line)
+    async def _pump(
+        self,
+        up: aiohttp.ClientResponse,
+        response: web.StreamResponse,
+        call: Call,
+        edits: list[Callable[[dict[str, Any]], dict[str, Any]]],
+    ) -> None:
+        """Copy a watch stream event by event (one JSON object a line, however long), holding back
+        the events of a held resource until it is released."""
+        pending = b""
+        async for chunk in up.content.iter_any():
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                while (held := self._held.get(call.resource)) is not None:
+                    await held.wait()
+                if edits and line.strip():
+                    event = json.loads(line)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        event["object"] = _edited(event["object"], edits)
+                    line = json.dumps(event).encode()
+                await response.write(line + b"\n")
 
 
 @pytest.fixture
