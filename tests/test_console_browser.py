@@ -1,8 +1,9 @@
 """The console in a real browser: headless Chromium driven by Selenium against the running server.
 
 Folder mode: the real Runtime on a copy of examples/cluster (with its Run:ai snapshot), no sign-in.
-Cluster mode: the real Runtime against the Kubernetes emulator and the spec-checked Run:ai stand-in;
-users sign in with tokens the emulator's TokenReview knows. Every number a page shows is compared
+Cluster mode: the real Runtime against the shared real control plane (as the webhook's
+ServiceAccount) and the spec-checked Run:ai stand-in; users sign in with ServiceAccount tokens the
+apiserver's TokenReview knows, members by real Roles. Every number a page shows is compared
 with what the API answers for the same thing; each GPU status has its warning; a move runs end to
 end until the stand-in holds the recreated Run:ai project.
 
@@ -25,11 +26,10 @@ import pytest
 from selenium.webdriver.common.keys import Keys
 
 from tests.support.browser import Browser, Page, missing_browser, start_browser
-from tests.support.cluster import namespace, priority_class, runai_settings_configmap
+from tests.support.cluster import namespace, runai_settings_configmap
 from tests.support.https import LOOPBACK, CertFiles, client_ssl_context, free_port, make_cert_files, wait_until
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_scope import KubeScope, eventually
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, write_kubeconfig
 from webhook.console.keys import format_keys, new_key
 from webhook.console.session import COOKIE
 from webhook.core.quota import format_gpus
@@ -40,7 +40,6 @@ pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missin
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "cluster"
 SECRET = "standin-client-secret"
-ROOT_TOKEN, ALICE_TOKEN, BOB_TOKEN = "root-token", "alice-token", "bob-token"
 
 
 def shown(value: float | None) -> str:
@@ -267,44 +266,56 @@ async def test_folder_mode_answers_with_an_explanation_when_not_on_loopback(
 # ---- cluster mode -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Names:
+    """The cluster's project namespaces (each a name of the test's own) and its users' tokens."""
+
+    alpha: str  # department ml, bound
+    busy: str  # department ml, bound, a notebook running
+    waiting: str  # department stuck, where Run:ai refuses every project: never bound
+    drifted: str  # adopted: its Run:ai project is in department default, its label says ml
+    root: str  # a cluster admin
+    bob: str  # a member of alpha only
+
+
 @pytest.fixture
-async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIterator[Served]:
-    async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
+async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser, kube_scope: KubeScope) -> AsyncIterator[Served]:
+    scope = kube_scope
+    alpha, busy, waiting, drifted = (scope.name(n) for n in ("alpha", "busy", "waiting", "drifted"))
+    async with RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("ml", gpu_quota=6)
         runai.add_department("stuck")
         # Run:ai refuses every project create in `stuck`: its namespace stays unbound.
         runai.fail_project_create_in("stuck", status=400, times=None)
-        runai.add_project("drifted", department="default", namespace="drifted", gpu_quota=1)  # adopted
+        runai.add_project(drifted, department="default", namespace=drifted, gpu_quota=1)  # adopted
+        await scope.put(
+            runai_settings_configmap(runai, scope.install_ns, run_ai_project_gpu_quota=2, run_ai_reconcile_interval_s=1)
+        )
         for obj in (
-            namespace("hopsworks", project=False),
-            priority_class("batch", 1000, "Never"),
-            priority_class("normal", 10000),
-            runai_settings_configmap(
-                runai,
-                run_ai_project_gpu_quota=2,
-                run_ai_reconcile_interval_s=1,
-            ),
-            namespace("alpha", labels={"hopsworks.ai/department": "ml"}),
-            namespace("busy", labels={"hopsworks.ai/department": "ml"}),
-            namespace("waiting", labels={"hopsworks.ai/department": "stuck"}),
-            namespace("drifted", labels={"hopsworks.ai/department": "ml", "runai/queue": "drifted"}),
+            namespace(alpha, labels={"hopsworks.ai/department": "ml"}),
+            namespace(busy, labels={"hopsworks.ai/department": "ml"}),
+            namespace(waiting, labels={"hopsworks.ai/department": "stuck"}),
+            namespace(drifted, labels={"hopsworks.ai/department": "ml", "runai/queue": drifted}),
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": "notebook-0", "namespace": "busy", "uid": "uid-busy-notebook-0"},
+                "metadata": {"name": "notebook-0", "namespace": busy},
                 "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-                "status": {"phase": "Running"},
             },
         ):
-            emu.create_object(obj)
-        emu.allow("webhook", "*", "*")
-        emu.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
-        emu.allow("group:system:masters")
-        emu.add_user(ALICE_TOKEN, "alice", groups=["system:authenticated"])  # member of alpha and waiting
-        emu.allow("alice", "get", "pods", "alpha")
-        emu.allow("alice", "get", "pods", "waiting")
-        emu.add_user(BOB_TOKEN, "bob", groups=["system:authenticated"])  # member of alpha only
-        emu.allow("bob", "get", "pods", "alpha")
+            await scope.create(obj)
+        _, root = await scope.admin_token("root")
+        alice, _ = await scope.user_token("alice")  # member of alpha and waiting
+        await scope.allow(alice, "get", "pods", alpha)
+        await scope.allow(alice, "get", "pods", waiting)
+        bob, bob_token = await scope.user_token("bob")  # member of alpha only
+        await scope.allow(bob, "get", "pods", alpha)
+
+        async def notebook_running() -> bool:
+            pod = await scope.get("v1", "Pod", "notebook-0", busy)
+            return pod is not None and pod.get("status", {}).get("phase") == "Running"
+
+        await eventually(notebook_running, within_s=30, interval_s=0.1, message="busy's notebook Running")  # kwok
         secret_dir = tmp_path / "runai-secret"
         secret_dir.mkdir()
         (secret_dir / "clientSecret").write_text(SECRET)
@@ -314,23 +325,23 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIt
             host=LOOPBACK,
             port=free_port(),
             certs=certs.dir,
-            kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN),
-            namespace="hopsworks",
+            kubeconfig=scope.kubeconfig,
+            namespace=scope.install_ns,
             runai_secret_dir=secret_dir,
             console_keys=console_keys,
             drain_seconds=0.0,
         )
         served = await _serve(options, certs, browser)
-        served.extra.update(emu=emu, runai=runai)
+        served.extra.update(scope=scope, runai=runai, names=Names(alpha, busy, waiting, drifted, root, bob_token))
         try:
             state = served.runtime.state
             await wait_until(
-                lambda: all(state.namespaces[n].runai_queue for n in ("alpha", "busy")),
+                lambda: all(state.namespaces[n].runai_queue for n in (alpha, busy)),
                 within=20,
                 what="alpha and busy bound by the reconciler",
             )
             await wait_until(
-                lambda: {"alpha", "busy", "drifted"} <= set(state.snapshot().runai_projects or ()),
+                lambda: {alpha, busy, drifted} <= set(state.snapshot().runai_projects or ()),
                 within=20,
                 what="their Run:ai projects in the directory",
             )
@@ -349,84 +360,81 @@ async def sign_in(page: Page, token: str, then: str = "/ui/") -> None:
 
 @pytest.mark.slow
 async def test_cluster_pages_show_the_apis_numbers_and_each_warning(cluster: Served) -> None:
-    page, runai = cluster.page, cluster.extra["runai"]
-    await page.open("/ui/projects/alpha")
+    page, runai, n = cluster.page, cluster.extra["runai"], cluster.extra["names"]
+    await page.open(f"/ui/projects/{n.alpha}")
     assert (await page.path()).startswith("/ui/signin")  # not signed in: no data, a sign-in form
-    await sign_in(page, ROOT_TOKEN, "/ui/projects/alpha")
-    assert await assert_project_page_matches_api(cluster, "alpha", ROOT_TOKEN) == []
+    await sign_in(page, n.root, f"/ui/projects/{n.alpha}")
+    assert await assert_project_page_matches_api(cluster, n.alpha, n.root) == []
     assert await page.text("[data-field=quota]") == "2"  # run_ai_project_gpu_quota
-    assert await assert_project_page_matches_api(cluster, "waiting", ROOT_TOKEN) == ["RUN_AI_PROJECT_NOT_BOUND"]
+    assert await assert_project_page_matches_api(cluster, n.waiting, n.root) == ["RUN_AI_PROJECT_NOT_BOUND"]
     assert "Not linked to Run:ai yet" in await page.text("[data-status=RUN_AI_PROJECT_NOT_BOUND]")
     assert await page.attributes("#gpu-offer", "data-allowed") == ["no"]
-    assert await assert_project_page_matches_api(cluster, "drifted", ROOT_TOKEN) == ["RUN_AI_DEPARTMENT_DRIFT"]
+    assert await assert_project_page_matches_api(cluster, n.drifted, n.root) == ["RUN_AI_DEPARTMENT_DRIFT"]
     drift = await page.text("[data-status=RUN_AI_DEPARTMENT_DRIFT]")
     assert "belongs in ml" in drift and "department ml" in drift
-    view = await assert_admin_pages_match_api(cluster, ROOT_TOKEN)
+    view = await assert_admin_pages_match_api(cluster, n.root)
     assert {d["name"] for d in view["departments"] if not d["linked"]} == set()
     # Run:ai's metrics stop answering: the page says Run:ai cannot be reached, and what to do.
     # (Metrics are cached for a few seconds per node pool: the page shows it once the cache expires.)
     runai.fail_next(1000, 503, path="/api/v1/clusters/*/nodepools/*/metrics")
     deadline = asyncio.get_running_loop().time() + 20
-    while [w["code"] for w in (await cluster.api("/api/v1/projects/busy/gpu", ROOT_TOKEN))["warnings"]] != [
+    while [w["code"] for w in (await cluster.api(f"/api/v1/projects/{n.busy}/gpu", n.root))["warnings"]] != [
         "RUN_AI_UNREACHABLE"
     ]:
         assert asyncio.get_running_loop().time() < deadline, "no RUN_AI_UNREACHABLE status"
         await asyncio.sleep(0.3)
-    assert await assert_project_page_matches_api(cluster, "busy", ROOT_TOKEN) == ["RUN_AI_UNREACHABLE"]
+    assert await assert_project_page_matches_api(cluster, n.busy, n.root) == ["RUN_AI_UNREACHABLE"]
     assert "Try again" in await page.text("[data-status=RUN_AI_UNREACHABLE]")
     runai.clear_faults()
     # The integration is turned off while namespaces are still bound: binding left behind.
-    emu: KubeEmulator = cluster.extra["emu"]
-    settings = emu.get_object("ConfigMap", "hopsworks-cluster-settings", "hopsworks")
-    assert settings is not None
-    settings["data"]["run_ai_enable"] = "false"
-    emu.put_object(settings)
+    scope: KubeScope = cluster.extra["scope"]
+    off = {"data": {"run_ai_enable": "false"}}
+    await scope.patch("v1", "ConfigMap", "hopsworks-cluster-settings", off, scope.install_ns)
     await wait_until(lambda: not cluster.runtime.state.settings.run_ai_enable, what="settings followed")
-    assert await assert_project_page_matches_api(cluster, "alpha", ROOT_TOKEN) == ["RUN_AI_BINDING_LEFT"]
+    assert await assert_project_page_matches_api(cluster, n.alpha, n.root) == ["RUN_AI_BINDING_LEFT"]
     assert "integration is off" in await page.text("#runai-off")
     assert "remove" in (await page.text("[data-status=RUN_AI_BINDING_LEFT]")).lower()
 
 
 async def test_a_move_end_to_end_and_a_refused_one_and_a_department_delete(cluster: Served) -> None:
-    page, runai = cluster.page, cluster.extra["runai"]
-    old = runai.project("alpha")
+    page, runai, n = cluster.page, cluster.extra["runai"], cluster.extra["names"]
+    old = runai.project(n.alpha)
     assert old is not None and old["parentId"] == runai.department("ml")["id"]
-    await sign_in(page, ROOT_TOKEN, "/ui/admin/departments/ml")
-    await page.fill("#to-alpha", "default")
-    await page.click("tr[data-project=alpha] form.move button")
-    assert await page.path() == "/ui/admin/projects/alpha/move?department=default"
+    await sign_in(page, n.root, "/ui/admin/departments/ml")
+    await page.fill(f"#to-{n.alpha}", "default")
+    await page.click(f"tr[data-project={n.alpha}] form.move button")
+    assert await page.path() == f"/ui/admin/projects/{n.alpha}/move?department=default"
     consequences = await page.text("#consequences")
     assert "deleted and created again" in consequences and "no GPU quota" in consequences
-    assert runai.project("alpha")["id"] == old["id"]  # nothing happens before the confirmation
+    assert runai.project(n.alpha)["id"] == old["id"]  # nothing happens before the confirmation
     await page.click("#confirm")
-    assert await page.text("h1") == "alpha moved"
+    assert await page.text("h1") == f"{n.alpha} moved"
     reminder = await page.text("#reminder")
     assert "Re-add GPU quota and access rules" in reminder
-    new = runai.project("alpha")
+    new = runai.project(n.alpha)
     assert new is not None and new["id"] != old["id"]
-    assert new["parentId"] == runai.department("default")["id"] and new["requestedNamespace"] == "alpha"
+    assert new["parentId"] == runai.department("default")["id"] and new["requestedNamespace"] == n.alpha
     assert all(r["gpu"].get("deserved", 0) == 0 for r in new["resources"])  # no quota taken along
-    assert cluster.extra["emu"].get_object("Namespace", "alpha")["metadata"]["labels"]["hopsworks.ai/department"] == (
-        "default"
-    )
+    moved = await cluster.extra["scope"].get("v1", "Namespace", n.alpha)
+    assert moved["metadata"]["labels"]["hopsworks.ai/department"] == "default"
 
     # A busy project is refused, and the page names the pods in the way.
-    await page.open("/ui/admin/projects/busy/move?department=default")
+    await page.open(f"/ui/admin/projects/{n.busy}/move?department=default")
     await page.click("#confirm")
-    assert await page.text("h1") == "busy was not moved"
+    assert await page.text("h1") == f"{n.busy} was not moved"
     assert await page.texts("#busy-pods li") == ["notebook-0"]
-    assert runai.project("busy")["parentId"] == runai.department("ml")["id"]
+    assert runai.project(n.busy)["parentId"] == runai.department("ml")["id"]
 
     # Deleting ml moves its projects one at a time and stops at busy.
     await page.open("/ui/admin/departments/ml/delete")
     await page.click("#confirm")
     assert "delete stopped" in await page.text("h1")
-    assert await page.attributes("#stopped-at", "data-namespace") == ["busy"]
-    assert "busy" in await page.text("main")
+    assert await page.attributes("#stopped-at", "data-namespace") == [n.busy]
+    assert n.busy in await page.text("main")
 
 
 async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(cluster: Served) -> None:
-    page = cluster.page
+    page, n = cluster.page, cluster.extra["names"]
     # Sign in with the keyboard only: Tab to the token field, type, Tab to the button, Enter.
     await page.open("/ui/signin?next=/ui/admin/")
     for _ in range(12):
@@ -434,7 +442,7 @@ async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(clu
         if (await page.focused())["id"] == "token":
             break
     assert (await page.focused())["id"] == "token"
-    await page.keys(BOB_TOKEN, Keys.TAB)
+    await page.keys(n.bob, Keys.TAB)
     focused = await page.focused()
     assert (focused["tag"], focused["text"]) == ("button", "Sign in")
     await page.keys(Keys.ENTER, navigates=True)
@@ -443,10 +451,10 @@ async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(clu
     assert await page.text("h1") == "Not allowed"
     assert "bob" in await page.text("[role=alert]")
     assert await page.texts("#departments") == []
-    await page.open("/ui/projects/drifted")
+    await page.open(f"/ui/projects/{n.drifted}")
     assert await page.text("h1") == "Not allowed" and await page.texts("#gpus") == []
-    await page.open("/ui/projects/alpha")
-    assert await page.text("h1") == "Project alpha"
+    await page.open(f"/ui/projects/{n.alpha}")
+    assert await page.text("h1") == f"Project {n.alpha}"
     # The project page's kind form, by keyboard: Tab to the select, pick "job", Tab, Enter.
     for _ in range(12):
         await page.keys(Keys.TAB)
@@ -455,7 +463,7 @@ async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(clu
     assert (await page.focused())["id"] == "kind"
     await page.keys("j", Keys.TAB)
     await page.keys(Keys.ENTER, navigates=True)
-    assert await page.path() == "/ui/projects/alpha?kind=job"
+    assert await page.path() == f"/ui/projects/{n.alpha}?kind=job"
     assert "for a job" in await page.text("#gpu-offer")
     # The session cookie as Chromium keeps it: __Host-, Path=/, HttpOnly, Secure, Strict.
     cookies = {c["name"]: c for c in await page.run(page.browser.driver.get_cookies)}
@@ -465,13 +473,13 @@ async def test_members_and_strangers_get_what_they_may_see_with_the_keyboard(clu
     # Signing out ends the session: the next page asks again, and a copy of the cookie (as someone
     # who took it would replay it) is refused by the server too.
     await page.click("header form.signout button")
-    await page.open("/ui/projects/alpha")
+    await page.open(f"/ui/projects/{n.alpha}")
     assert (await page.path()).startswith("/ui/signin")
     connector = aiohttp.TCPConnector(ssl=client_ssl_context(cluster.certs.ca.cert_pem))
     async with (
         aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as http,
         http.get(
-            cluster.base_url + "/ui/projects/alpha",
+            cluster.base_url + f"/ui/projects/{n.alpha}",
             headers={"Cookie": f"{COOKIE}={session['value']}"},
             allow_redirects=False,
         ) as replay,

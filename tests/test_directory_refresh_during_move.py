@@ -14,16 +14,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.cluster import namespace, priority_class, runai_admission_objects, settings_configmap
+from tests.support.cluster import settings_configmap
 from tests.support.https import wait_until
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_scope import KubeScope
 from tests.support.reviews import pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import apiserver_session, base_url, start_runtime
 from webhook.runtime import Runtime, ServeOptions
 
 SECRET = "refresh-during-move-secret"
-INSTALL_NS = "hopsworks"
 ID_LABEL = "hopsworks.ai/runai-project-id"
 PROJECTS = "/api/v1/org-unit/projects"
 
@@ -35,14 +34,11 @@ async def review(options: ServeOptions, session: aiohttp.ClientSession, body: di
 
 
 @pytest.fixture
-async def emu_and_runai() -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
-    async with KubeEmulator(token=TOKEN) as emu, RunaiStandin(client_secret=SECRET) as runai:
-        for obj in (namespace(INSTALL_NS, project=False), priority_class("normal", 10000), *runai_admission_objects()):
-            emu.create_object(obj)
-        emu.allow("webhook", "*", "*")
-        emu.put_object(
+async def runai(kube_scope: KubeScope) -> AsyncIterator[RunaiStandin]:
+    async with RunaiStandin(client_secret=SECRET) as runai:
+        await kube_scope.put(
             settings_configmap(
-                INSTALL_NS,
+                kube_scope.install_ns,
                 run_ai_enable=True,
                 run_ai_url=runai.url,
                 run_ai_client_id=runai.client_id,
@@ -53,31 +49,30 @@ async def emu_and_runai() -> AsyncIterator[tuple[KubeEmulator, RunaiStandin]]:
                 run_ai_directory_refresh_s=600,  # only the refresh this test starts
             )
         )
-        yield emu, runai
+        yield runai
         assert runai.violations == [], runai.violations
 
 
 async def test_a_refresh_listed_before_a_move_does_not_publish_the_replaced_project(
-    emu_and_runai: tuple[KubeEmulator, RunaiStandin], tmp_path: Path
+    kube_scope: KubeScope, runai: RunaiStandin, tmp_path: Path
 ) -> None:
-    emu, runai = emu_and_runai
     secret_dir = tmp_path / "runai-secret"
     secret_dir.mkdir()
     (secret_dir / "clientSecret").write_text(SECRET)
     runtime: Runtime
-    runtime, options, certs = await start_runtime(tmp_path / "a", emu, runai_secret_dir=secret_dir)
+    runtime, options, certs = await start_runtime(tmp_path / "a", kube_scope, runai_secret_dir=secret_dir)
     session = apiserver_session(certs)
     try:
         assert runtime.runai is not None
         directory = runtime.runai.directory
-        emu.create_object(namespace("vision"))
+        vision = await kube_scope.namespace("vision")
         await wait_until(
-            lambda: (ns := runtime.state.namespaces.get("vision")) is not None and ns.runai_project_id is not None,
+            lambda: (ns := runtime.state.namespaces.get(vision)) is not None and ns.runai_project_id is not None,
             within=15,
             what="vision bound (1 deserved GPU) and seen by the replica",
         )
-        old = runai.project("vision")
-        assert old is not None and old["id"] == runtime.state.namespaces["vision"].runai_project_id
+        old = runai.project(vision)
+        assert old is not None and old["id"] == runtime.state.namespaces[vision].runai_project_id
 
         # A refresh lists the projects while `vision` is still on the old one; its page is held.
         hold = runai.hold_next("GET", PROJECTS, query=lambda q: "name==" not in q.get("filterBy", ""))
@@ -87,32 +82,29 @@ async def test_a_refresh_listed_before_a_move_does_not_publish_the_replaced_proj
         # Meanwhile the move: the old project goes, one without quota in `ml` replaces it.
         del runai.projects[old["id"]]
         runai.add_department("ml")
-        new = runai.add_project("vision", department="ml", namespace="vision", gpu_quota=0)
-        ns = emu.get_object("Namespace", "vision")
-        assert ns is not None
-        ns["metadata"]["labels"][ID_LABEL] = new["id"]
-        emu.put_object(ns)
+        new = runai.add_project(vision, department="ml", namespace=vision, gpu_quota=0)
+        await kube_scope.patch("v1", "Namespace", vision, {"metadata": {"labels": {ID_LABEL: new["id"]}}})
         await wait_until(
-            lambda: runtime.state.namespaces["vision"].runai_project_id == new["id"],
+            lambda: runtime.state.namespaces[vision].runai_project_id == new["id"],
             within=10,
             what="the replica's namespace cache shows the new project id",
         )
 
         hold.release()
         assert await asyncio.wait_for(refresh, 10)
-        published = (runtime.state.snapshot().runai_projects or {}).get("vision")
+        published = (runtime.state.snapshot().runai_projects or {}).get(vision)
         assert published is None or published.id == new["id"], f"the replaced project is published: {published}"
         # The leader's drift check reads the refreshed list too: not the old project's department.
-        listed = directory.project_for_namespace("vision")
+        listed = directory.project_for_namespace(vision)
         assert listed is None or listed.id == new["id"], f"the replaced project is listed for vision: {listed}"
 
         answer = await review(
             options,
             session,
-            pod_review("vision", labels={"jupyter": "true", "runai/queue": "vision"}, gpus=1, uid="nb-1"),
+            pod_review(vision, labels={"jupyter": "true", "runai/queue": vision}, gpus=1, uid="nb-1"),
         )
         assert answer["allowed"] is False, f"admitted on the replaced project's quota: {answer}"
-        assert "project vision has 0 of 0 deserved GPUs left" in answer["status"]["message"], answer
+        assert f"project {vision} has 0 of 0 deserved GPUs left" in answer["status"]["message"], answer
     finally:
         await session.close()
         await runtime.shutdown()

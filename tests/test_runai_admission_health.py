@@ -1,5 +1,6 @@
-"""Run:ai's own admission Deployments, watched (issue 19): the watch against the API emulator, the
-metric, the admin view's warning and the console's; the install's read-only Role in namespace runai."""
+"""Run:ai's own admission Deployments, watched: the watch against the real apiserver (its
+Deployments run by the real controllers on kwok's nodes), the metric, the admin view's warning and
+the console's; the install's read-only Role in namespace runai, and what its absence does."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio import config
+from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tests.support import chart
 from tests.support.cluster import cluster_state, settings_configmap
 from tests.support.fixtures import metric
 from tests.support.https import make_cert_files
-from tests.support.kube_emulator import KubeEmulator, eventually
+from tests.support.kube_scope import RUNAI_NAMESPACE, KubeScope, eventually
 from webhook.core.admin_view import admin_view
 from webhook.core.gpu_view import GpuCode
 from webhook.core.runai_health import runai_admission_down
@@ -25,9 +27,12 @@ from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher
 
 FAST = WatchTiming(page_size=50, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
+RBAC = "rbac.authorization.k8s.io/v1"
 
 
 def deployment(name: str, replicas: int = 1, available: int | None = None, ns: str = "runai") -> dict[str, Any]:
+    """A Deployment as stored with its status (`available` of `replicas` available), for the store;
+    the apiserver keeps only the spec of what a test creates and its controllers write the status."""
     ready = replicas if available is None else available
     return {
         "apiVersion": "apps/v1",
@@ -47,71 +52,96 @@ def deployment(name: str, replicas: int = 1, available: int | None = None, ns: s
 
 
 @pytest.fixture
-def kube_objects() -> list[dict[str, Any]]:
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hopsworks"}},
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "runai"}},
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}},
-        settings_configmap(run_ai_enable=True),
-    ]
+def state(kube_scope: KubeScope) -> ClusterState:
+    return ClusterState(kube_scope.install_ns)
 
 
 @pytest.fixture
-def state() -> ClusterState:
-    return ClusterState("hopsworks")
-
-
-@pytest.fixture
-async def watcher(state: ClusterState, api: ApiClient) -> AsyncIterator[KubeWatcher]:
-    w = cache_watcher(state, api, "hopsworks", timing=FAST)
-    yield w
-    await w.stop()
+async def watcher(state: ClusterState, kube_scope: KubeScope) -> AsyncIterator[KubeWatcher]:
+    """The caches as the webhook's ServiceAccount reads them, with the chart's RBAC."""
+    await kube_scope.settings(run_ai_enable=True)
+    configuration = Configuration()
+    await config.load_kube_config(config_file=str(kube_scope.kubeconfig), client_configuration=configuration)
+    async with ApiClient(configuration) as api:
+        w = cache_watcher(state, api, kube_scope.install_ns, timing=FAST)
+        yield w
+        await w.stop()
 
 
 def codes(state: ClusterState) -> list[str]:
     return [w.code for w in admin_view(state.snapshot(), None).warnings]
 
 
+async def scale(scope: KubeScope, name: str, replicas: int) -> None:
+    await scope.patch("apps/v1", "Deployment", name, {"spec": {"replicas": replicas}}, RUNAI_NAMESPACE)
+
+
 async def test_scaling_one_to_zero_shows_in_the_metric_the_admin_view_and_back(
-    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+    kube_scope: KubeScope, state: ClusterState, watcher: KubeWatcher
 ) -> None:
-    kube.put_object(deployment("runai-admission-controller"))
-    kube.put_object(deployment("admission", replicas=2))
-    kube.put_object(deployment("admission", ns="other"))  # same name elsewhere: not Run:ai's
-    kube.put_object(deployment("runai-scheduler"))  # Run:ai's, but not its admission
+    other = await kube_scope.namespace("other", project=False)
+    for obj in (
+        deployment("runai-admission-controller"),
+        deployment("admission", replicas=2),
+        deployment("admission", ns=other),  # same name elsewhere: not Run:ai's
+        deployment("runai-scheduler"),  # Run:ai's, but not its admission
+    ):
+        await kube_scope.create({k: v for k, v in obj.items() if k != "status"})
     await watcher.start()
-    assert await watcher.wait_synced(5)
-    assert runai_admission_down(state.snapshot()) == []
+    assert await watcher.wait_synced(10)
+    # The deployment controller and kwok make them available.
+    await eventually(lambda: runai_admission_down(state.snapshot()) == [], within_s=60)
     assert metric("webhook_runai_admission_available", deployment="admission") == 1
     assert GpuCode.ADMISSION_DOWN not in codes(state)
 
-    kube.put_object(deployment("admission", replicas=0))  # scaled to 0
-    await eventually(lambda: runai_admission_down(state.snapshot()) == ["admission"])
+    await scale(kube_scope, "admission", 0)
+    await eventually(lambda: runai_admission_down(state.snapshot()) == ["admission"], within_s=30)
     assert metric("webhook_runai_admission_available", deployment="admission") == 0
     assert metric("webhook_runai_admission_available", deployment="runai-admission-controller") == 1
-    view = admin_view(state.snapshot(), None)
-    (warning,) = [w for w in view.warnings if w.code == GpuCode.ADMISSION_DOWN]
-    assert "admission has 0 of 0 replicas available" in warning.message
-    assert "no pod can be created in a namespace bound to Run:ai" in warning.message
 
-    kube.put_object(deployment("admission", replicas=2))
-    await eventually(lambda: runai_admission_down(state.snapshot()) == [])
+    def warning() -> str:
+        found = [w.message for w in admin_view(state.snapshot(), None).warnings if w.code == GpuCode.ADMISSION_DOWN]
+        return found[0] if len(found) == 1 else ""
+
+    # Down as soon as it is scaled to 0; its pods then go, as the controller reports.
+    await eventually(lambda: "admission has 0 of 0 replicas available" in warning(), within_s=30, message=warning())
+    assert "no pod can be created in a namespace bound to Run:ai" in warning()
+
+    await scale(kube_scope, "admission", 2)
+    await eventually(lambda: runai_admission_down(state.snapshot()) == [], within_s=60)
     assert metric("webhook_runai_admission_available", deployment="admission") == 1
 
-    kube.delete_object("Deployment", "runai-admission-controller", namespace="runai")
-    await eventually(lambda: runai_admission_down(state.snapshot()) == ["runai-admission-controller"])
+    await kube_scope.delete("apps/v1", "Deployment", "runai-admission-controller", RUNAI_NAMESPACE)
+    await eventually(lambda: runai_admission_down(state.snapshot()) == ["runai-admission-controller"], within_s=30)
     assert metric("webhook_runai_admission_available", deployment="runai-admission-controller") == 0
     assert "runai-admission-controller not found" in admin_view(state.snapshot(), None).warnings[-1].message
 
 
 async def test_without_read_access_in_runai_the_caches_still_become_ready(
-    kube: KubeEmulator, state: ClusterState, watcher: KubeWatcher
+    kube_scope: KubeScope, state: ClusterState, watcher: KubeWatcher
 ) -> None:
-    kube.fail_next(100, status=403, path_prefix="/apis/apps/v1/namespaces/runai/deployments")
+    # An install whose Role in runai is missing (a cluster admin refused it): the real RBAC denies.
+    sa = kube_scope.service_account_user
+    for binding in await kube_scope.list(RBAC, "RoleBinding", RUNAI_NAMESPACE):
+        subjects = binding.get("subjects") or []
+        if any(f"system:serviceaccount:{s.get('namespace')}:{s.get('name')}" == sa for s in subjects):
+            await kube_scope.delete(RBAC, "RoleBinding", binding["metadata"]["name"], RUNAI_NAMESPACE)
+    await eventually(lambda: denied_deployments(kube_scope), within_s=30, message="RBAC still allows runai")
     await watcher.start()
-    assert await watcher.wait_synced(5)  # /readyz, and so every pod webhook, does not wait on it
+    assert await watcher.wait_synced(10)  # /readyz, and so every pod webhook, does not wait on it
     assert state.ready()
     assert runai_admission_down(state.snapshot()) == ["runai-admission-controller", "admission"]
+
+
+async def denied_deployments(scope: KubeScope) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": scope.service_account_user,
+                       "groups": ["system:serviceaccounts", f"system:serviceaccounts:{scope.install_ns}",
+                                  "system:authenticated"],
+                       "resourceAttributes": {"verb": "list", "group": "apps", "resource": "deployments",
+                                              "namespace": RUNAI_NAMESPACE}}}  # fmt: skip
+    answer = await scope.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    return not answer["status"].get("allowed")
 
 
 def test_nothing_is_said_with_run_ai_off_or_before_the_watch_listed() -> None:

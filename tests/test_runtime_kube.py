@@ -1,7 +1,8 @@
 """`serve` with no state folder: the real Runtime reads the cluster from the Kubernetes API.
 
-The apiserver is the stateful emulator reached through a kubeconfig; the test plays the apiserver's
-webhook client over HTTPS (CA + service name, keep-alive).
+The apiserver is the shared real control plane, read through a kubeconfig as the webhook's
+ServiceAccount (tests/support/kube_scope.py); the test plays the apiserver's webhook client over
+HTTPS (CA + service name, keep-alive).
 """
 
 from __future__ import annotations
@@ -9,40 +10,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import settings_configmap
+from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.fixtures import remote_calls
-from tests.support.kube_emulator import KubeEmulator, eventually
+from tests.support.kube_scope import KubeScope, eventually
 from tests.support.reviews import apply_patch, assert_valid_pod, pod_review
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.runtime import apiserver_session, base_url, start_runtime
 from webhook.settings import SETTINGS_CONFIGMAP
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[KubeEmulator]:
-    async with KubeEmulator(token=TOKEN) as emu:
-        for obj in (
-            namespace("hopsworks", project=False),
-            namespace("churn"),
-            namespace("bound", labels={"runai/queue": "bound"}),
-            priority_class("batch", 1000, "Never"),
-            priority_class("normal", 10000),
-            priority_class("urgent", 100000),
-            settings_configmap(),
-        ):
-            emu.create_object(obj)
-        yield emu
-
-
-async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
-    tmp_path: Path, emulator: KubeEmulator
-) -> None:
-    runtime, options, certs = await start_runtime(tmp_path, emulator)
+async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(tmp_path: Path, kube_scope: KubeScope) -> None:
+    churn = await kube_scope.namespace("churn")
+    bound = await kube_scope.namespace("bound", labels={"runai/queue": "bound"})
+    await kube_scope.settings()
+    runtime, options, certs = await start_runtime(tmp_path, kube_scope)
     base = base_url(options)
     try:
         async with apiserver_session(certs) as session:
@@ -58,20 +44,20 @@ async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
                 return data, patch
 
             calls_before = remote_calls("kubernetes", "request")
-            data, patch = await mutate("churn")
+            data, patch = await mutate(churn)
             patched = apply_patch(data["request"]["object"], patch)
             assert patched["spec"]["priorityClassName"] == "normal"
             assert_valid_pod(patched)
 
             # A settings change in the API reaches the next request through the watch.
-            emulator.put_object(settings_configmap(run_ai_enable=True))
+            await kube_scope.settings(run_ai_enable=True)
             label_op = {"op": "add", "path": "/metadata/labels/runai~1queue", "value": "bound"}
 
             latest: list[list[dict[str, Any]]] = [[]]
 
             async def poll() -> None:
                 for _ in range(200):
-                    latest[0] = (await mutate("bound"))[1]
+                    latest[0] = (await mutate(bound))[1]
                     if label_op in latest[0]:
                         return
                     await asyncio.sleep(0.02)
@@ -84,10 +70,10 @@ async def test_serve_reads_the_cluster_from_the_api_and_follows_settings(
         await runtime.shutdown()
 
 
-def stored_settings(case: str) -> dict[str, Any]:
+def stored_settings(case: str, install_ns: str) -> dict[str, Any]:
     if case == "kueue-and-runai":
-        return settings_configmap(run_ai_enable=True, kueue_installed=True)
-    stored = settings_configmap(run_ai_enable=True)
+        return settings_configmap(install_ns, run_ai_enable=True, kueue_installed=True)
+    stored = settings_configmap(install_ns, run_ai_enable=True)
     stored["data"]["scheduler"] = {
         "5000-digit-number": "maxNodeSelectorTerms: " + "9" * 5_000,
         "deep-yaml": "available: " + "[" * 100_000,
@@ -97,15 +83,13 @@ def stored_settings(case: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", ["kueue-and-runai", "5000-digit-number", "deep-yaml"])
 async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
-    tmp_path: Path, emulator: KubeEmulator, case: str
+    tmp_path: Path, kube_scope: KubeScope, case: str
 ) -> None:
-    # Issue 10.6: `serve` exited 2 on a stored Kueue + Run:ai conflict, and a 5,000-digit number or
-    # deep YAML kept the settings cache from ever syncing; the fail-closed settings webhook then
-    # refused the edit that would fix it. Now: ready on the defaults, the problem reported, and
-    # the fixing edit let through.
-    stored = stored_settings(case)
-    emulator.put_object(stored)
-    runtime, options, certs = await start_runtime(tmp_path, emulator)
+    # Stored settings that cannot be used (a Kueue + Run:ai conflict, a 5,000-digit number, deep
+    # YAML) leave the server ready on the defaults with the problem reported, and the settings
+    # webhook, which fails closed, lets through the edit that repairs them.
+    stored = await kube_scope.put(stored_settings(case, kube_scope.install_ns))
+    runtime, options, certs = await start_runtime(tmp_path, kube_scope)
     base = base_url(options)
     try:
         assert runtime.state.ready()
@@ -118,7 +102,7 @@ async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
             async with session.get(f"{base}/metrics") as resp:
                 assert "webhook_settings_rejected 1.0" in await resp.text()
 
-            fixed = settings_configmap(run_ai_enable=True)  # what the admin writes to repair it
+            fixed = settings_configmap(kube_scope.install_ns, run_ai_enable=True)  # what the admin writes to repair it
             edit = {
                 "apiVersion": "admission.k8s.io/v1",
                 "kind": "AdmissionReview",
@@ -127,7 +111,7 @@ async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
                     "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
                     "operation": "UPDATE",
                     "name": SETTINGS_CONFIGMAP,
-                    "namespace": "hopsworks",
+                    "namespace": kube_scope.install_ns,
                     "userInfo": {"username": "platform-admin"},  # not an installer
                     "object": fixed,
                     "oldObject": stored,
@@ -136,7 +120,7 @@ async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
             async with session.post(f"{base}/validate/settings", json=edit) as resp:
                 response = (await resp.json())["response"]
             assert response["allowed"], response
-        emulator.put_object(fixed)
+        await kube_scope.put(fixed)
         await eventually(lambda: runtime.state.settings.run_ai_enable)
         assert runtime.state.snapshot().settings_error is None
     finally:
@@ -144,12 +128,14 @@ async def test_stored_settings_that_cannot_be_used_never_stop_the_server(
 
 
 async def test_serve_listens_before_a_slow_first_list_and_is_ready_after_it(
-    tmp_path: Path, emulator: KubeEmulator
+    tmp_path: Path, kube_scope: KubeScope, fault_proxy: FaultProxy
 ) -> None:
-    # Issue 10.6: the server listened only once every cache had listed (up to 60 s, then anyway).
-    # Now it listens at once and /readyz says what it waits for until the lists are done.
-    emulator.list_latency["/api/v1/pods"] = 120.0  # until released below
-    runtime, options, certs = await start_runtime(tmp_path, emulator, wait_ready_s=None)
+    # The server listens at once, before its caches have listed, and /readyz says what it waits for
+    # until the lists are done: a slow first list must not keep the probes unanswered.
+    await kube_scope.settings()
+    slow = fault_proxy.hang(verb="list", resource="pods")  # until released below
+    kubeconfig = fault_proxy.via(kube_scope.kubeconfig)
+    runtime, options, certs = await start_runtime(tmp_path, kube_scope, wait_ready_s=None, kubeconfig=kubeconfig)
     base = base_url(options)
     try:
         async with apiserver_session(certs) as session:
@@ -161,7 +147,7 @@ async def test_serve_listens_before_a_slow_first_list_and_is_ready_after_it(
                 waiting = (await resp.json())["waiting_for"]
                 pending = {kind for w in waiting if w.startswith("caches:") for kind in w[7:].replace(",", " ").split()}
                 assert "Pod" in pending, waiting
-            emulator.list_latency.clear()  # the list completes
+            slow.release()  # the list completes
 
             async def ready() -> bool:
                 async with session.get(f"{base}/readyz") as resp:

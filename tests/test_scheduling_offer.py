@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from tests.support.cluster import (
     topology,
 )
 from tests.support.https import StartHttpsServer
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_scope import KubeScope
 from tests.support.reviews import admitted_labels, apply_patch, assert_valid_pod, owned_by, pod_review
 from webhook.client import Forbidden, GpuApiError, GpuClient, NotFound, SchedulingOfferView
 from webhook.core.gpu_view import project_gpu_view
@@ -88,8 +88,16 @@ QUEUES = [
 ]
 
 
-def state(**flat: Any) -> ClusterState:
-    return cluster_state(namespaces=NAMESPACES, extra=QUEUES, **flat)
+def state(names: Mapping[str, str] | None = None, **flat: Any) -> ClusterState:
+    """The cluster of these tests; `names` renames its project namespaces (churn, fraud, broken)."""
+    objects = [*NAMESPACES, *QUEUES]
+    if names:
+        text = json.dumps(objects)
+        for old, new in names.items():
+            text = text.replace(json.dumps(old), json.dumps(new))
+        objects = json.loads(text)
+    projects = [o for o in objects if o["kind"] == "Namespace"]
+    return cluster_state(namespaces=projects, extra=[o for o in objects if o["kind"] != "Namespace"], **flat)
 
 
 def offer_of(st: ClusterState, name: str, kind: str | None = None) -> SchedulingOfferView:
@@ -343,32 +351,43 @@ class Served:
     base_url: str
     ca_file: str
     post: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    names: dict[str, str]  # the projects' names in the real cluster: churn, fraud
+    alice: str  # the token of a member of both
+    bob: str  # the token of a member of neither
+
+
+async def serve_offers(
+    https_server: StartHttpsServer, scope: KubeScope, st: ClusterState
+) -> AsyncIterator[tuple[str, str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]]:
+    """The scheduling API over `st`, its callers authenticated and authorized by the real apiserver
+    (TokenReview, SubjectAccessReview) as the webhook's ServiceAccount asks them."""
+    for kind in st.synced:
+        st.synced[kind] = True
+    api_client = await scope.webhook_api_client()
+    try:
+        routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, scope.install_ns)))
+        srv = await https_server(cache_app(st, routes=routes))
+
+        async def post(review: dict[str, Any]) -> dict[str, Any]:
+            async with srv.session.post(srv.url("/mutate/pods"), json=review) as resp:
+                assert resp.status == 200
+                return await resp.json()
+
+        # The serving certificate names 127.0.0.1 too; the client verifies it against the test CA.
+        yield f"https://127.0.0.1:{srv.port}", str(srv.certs.ca_file), post
+    finally:
+        await api_client.close()
 
 
 @pytest.fixture
-async def served(https_server: StartHttpsServer) -> AsyncIterator[Served]:
-    async with KubeEmulator(token="webhook-sa-token") as kube:
-        kube.add_user("alice-token", "alice", groups=["system:authenticated"])
-        kube.allow("alice", "get", "pods", namespace="fraud")
-        kube.allow("alice", "get", "pods", namespace="churn")
-        kube.add_user("bob-token", "bob", groups=["system:authenticated"])
-        st = state(kueue_installed=True)
-        for kind in st.synced:
-            st.synced[kind] = True
-        api_client = kube.api_client()
-        try:
-            routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
-            srv = await https_server(cache_app(st, routes=routes))
-
-            async def post(review: dict[str, Any]) -> dict[str, Any]:
-                async with srv.session.post(srv.url("/mutate/pods"), json=review) as resp:
-                    assert resp.status == 200
-                    return await resp.json()
-
-            # The serving certificate names 127.0.0.1 too; the client verifies it against the test CA.
-            yield Served(f"https://127.0.0.1:{srv.port}", str(srv.certs.ca_file), post)
-        finally:
-            await api_client.close()
+async def served(https_server: StartHttpsServer, kube_scope: KubeScope) -> AsyncIterator[Served]:
+    names = {name: await kube_scope.namespace(name) for name in ("churn", "fraud")}
+    alice, alice_token = await kube_scope.user_token("alice")
+    for name in names.values():
+        await kube_scope.allow(alice, "get", "pods", name)
+    _, bob_token = await kube_scope.user_token("bob")
+    async for base_url, ca_file, post in serve_offers(https_server, kube_scope, state(names, kueue_installed=True)):
+        yield Served(base_url, ca_file, post, names, alice_token, bob_token)
 
 
 async def test_offer_over_https_agrees_with_admission_over_https(served: Served) -> None:
@@ -379,42 +398,37 @@ async def test_offer_over_https_agrees_with_admission_over_https(served: Served)
         patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
         return True, "", apply_patch(review["request"]["object"], patch)
 
-    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
-        for name in ("churn", "fraud"):
+    async with GpuClient(served.base_url, served.alice, served.ca_file) as client:
+        for name in served.names.values():
             offer = await client.get_scheduling_offer(name, kind="notebook")
             assert offer.kueue_enabled and offer.queue is not None
             assert await assert_agreement(offer, decide, UNIVERSE) > 10
 
 
 async def test_offer_is_for_project_members_only(served: Served) -> None:
-    async with GpuClient(served.base_url, "bob-token", served.ca_file) as client:
+    churn = served.names["churn"]
+    async with GpuClient(served.base_url, served.bob, served.ca_file) as client:
         with pytest.raises(Forbidden):
-            await client.get_scheduling_offer("churn")
-    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
+            await client.get_scheduling_offer(churn)
+    async with GpuClient(served.base_url, served.alice, served.ca_file) as client:
         with pytest.raises(GpuApiError) as bad_kind:
-            await client.get_scheduling_offer("churn", kind="spark")
+            await client.get_scheduling_offer(churn, kind="spark")
         assert bad_kind.value.status == 400 and "known: notebook" in bad_kind.value.reason
     # A namespace alice may not read is a 403 before any lookup, as for the GPU view.
-    async with GpuClient(served.base_url, "alice-token", served.ca_file) as client:
+    async with GpuClient(served.base_url, served.alice, served.ca_file) as client:
         with pytest.raises(Forbidden):
             await client.get_scheduling_offer("kube-public")
 
 
-async def test_not_a_project_is_404_for_someone_who_may_look(https_server: StartHttpsServer) -> None:
-    async with KubeEmulator(token="webhook-sa-token") as kube:
-        kube.add_user("root-token", "root", groups=["system:masters"])
-        kube.allow("group:system:masters")
-        st = state()
-        api_client = kube.api_client()
-        try:
-            routes = scheduling_routes(GpuViews(st, None), KubeAuthorizer(KubeApi(api_client, "hopsworks")))
-            srv = await https_server(cache_app(st, routes=routes))
-            async with GpuClient(f"https://127.0.0.1:{srv.port}", "root-token", str(srv.certs.ca_file)) as client:
-                for name in ("hopsworks", "nowhere", "Not_A_Name"):
-                    with pytest.raises(NotFound):
-                        await client.get_scheduling_offer(name)
-        finally:
-            await api_client.close()
+async def test_not_a_project_is_404_for_someone_who_may_look(
+    https_server: StartHttpsServer, kube_scope: KubeScope
+) -> None:
+    _, root_token = await kube_scope.admin_token("root")
+    async for base_url, ca_file, _ in serve_offers(https_server, kube_scope, state()):
+        async with GpuClient(base_url, root_token, ca_file) as client:
+            for name in ("hopsworks", "nowhere", "Not_A_Name"):
+                with pytest.raises(NotFound):
+                    await client.get_scheduling_offer(name)
 
 
 def test_scheduler_fixture_is_what_the_universe_covers() -> None:
@@ -423,8 +437,8 @@ def test_scheduler_fixture_is_what_the_universe_covers() -> None:
 
 async def test_workload_choices_as_query_parameters(served: Served) -> None:
     ssl_context = ssl.create_default_context(cafile=served.ca_file)
-    headers = {"Authorization": "Bearer alice-token"}
-    url = f"{served.base_url}/api/v1/projects/fraud/scheduling"
+    headers = {"Authorization": f"Bearer {served.alice}"}
+    url = f"{served.base_url}/api/v1/projects/{served.names['fraud']}/scheduling"
     async with aiohttp.ClientSession(headers=headers) as session:
 
         async def get(**query: str) -> tuple[int, dict[str, Any]]:

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import namespace, priority_class, settings_configmap
+from tests.support.cluster import settings_configmap
 from tests.support.https import LOOPBACK, CertFiles, free_port, make_cert_files
-from tests.support.kube_emulator import KubeEmulator
-from tests.support.runtime import TOKEN, apiserver_session, base_url, start_runtime
+from tests.support.kube_scope import scope_on
+from tests.support.runtime import apiserver_session, base_url, start_runtime
 from webhook.runtime import Runtime, ServeOptions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "cluster"
 INSTALLER = "system:serviceaccount:hopsworks:hopsworks-installer"
 
 
-def enable_runai_review(username: str) -> dict[str, Any]:
+def enable_runai_review(username: str, install_ns: str) -> dict[str, Any]:
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -30,10 +30,10 @@ def enable_runai_review(username: str) -> dict[str, Any]:
             "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
             "operation": "UPDATE",
             "name": "hopsworks-cluster-settings",
-            "namespace": "hopsworks",
+            "namespace": install_ns,
             "userInfo": {"username": username},
-            "object": settings_configmap(run_ai_enable=True),
-            "oldObject": settings_configmap(run_ai_enable=False),
+            "object": settings_configmap(install_ns, run_ai_enable=True),
+            "oldObject": settings_configmap(install_ns, run_ai_enable=False),
         },
     }
 
@@ -59,10 +59,9 @@ async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         finally:
             await runtime.shutdown()
         return
-    async with KubeEmulator(token=TOKEN) as emu:
-        for obj in (namespace("hopsworks", project=False), priority_class("normal", 10000), settings_configmap()):
-            emu.create_object(obj)
-        runtime, options, certs = await start_runtime(tmp_path, emu, installers=(INSTALLER,))
+    async with scope_on(request.getfixturevalue("shared_control_plane"), tmp_path / "kube-scope") as scope:
+        await scope.settings()
+        runtime, options, certs = await start_runtime(tmp_path, scope, installers=(INSTALLER,))
         try:
             yield options, certs
         finally:
@@ -76,7 +75,8 @@ async def test_served_settings_guard_knows_the_configured_installers(
     async with apiserver_session(certs) as session:
         answers = {}
         for user in (INSTALLER, "platform-admin"):
-            async with session.post(f"{base_url(options)}/validate/settings", json=enable_runai_review(user)) as resp:
+            review = enable_runai_review(user, options.namespace)
+            async with session.post(f"{base_url(options)}/validate/settings", json=review) as resp:
                 assert resp.status == 200
                 answers[user] = (await resp.json())["response"]
     assert answers[INSTALLER]["allowed"], answers[INSTALLER]

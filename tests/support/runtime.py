@@ -1,6 +1,7 @@
-"""The real Runtime against the Kubernetes API emulator, driven over HTTPS as the apiserver does.
+"""The real Runtime against a test's part of the real control plane (tests/support/kube_scope.py),
+driven over HTTPS as the apiserver does.
 
-runtime, options, certs = await start_runtime(tmp_path, emu)          # kubeconfig, certs, a port
+runtime, options, certs = await start_runtime(tmp_path, kube_scope)   # kubeconfig, certs, a port
 async with apiserver_session(certs) as session:                        # trusts the test CA only
     async with session.get(f"{base_url(options)}/readyz") as resp: ...
 await runtime.shutdown()
@@ -28,6 +29,7 @@ from tests.support.https import (
     wait_until,
 )
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_scope import KubeScope
 from webhook.core.scheduling import BINDING_SETTLE_S
 from webhook.runtime import Runtime, ServeOptions
 from webhook.tls.issuing import CertKey
@@ -53,25 +55,29 @@ def write_kubeconfig(path: Path, url: str, token: str) -> Path:
 
 async def start_runtime(
     tmp_path: Path,
-    emu: KubeEmulator,
+    cluster: KubeScope | KubeEmulator,
     ca: CertKey | None = None,
     *,
     wait_ready_s: float | None = 10.0,
     **options: Any,
 ) -> tuple[Runtime, ServeOptions, CertFiles]:
-    """`serve` with no state folder, reading the emulator through a kubeconfig; `options` are
-    further ServeOptions (e.g. `runai_secret_dir`). Replicas behind one Service share `ca`. The
-    server listens before its caches have listed; this waits until they have (`wait_ready_s=None`:
-    return as soon as it listens)."""
+    """`serve` with no state folder. On a KubeScope it reads the real apiserver as the webhook's
+    ServiceAccount (the chart's RBAC) with the scope's install namespace; on the emulator, which
+    the modules that still inject faults through it use, with the emulator's token. `options` are
+    further ServeOptions (e.g. `runai_secret_dir`, or a `kubeconfig` that goes through a proxy).
+    Replicas behind one Service share `ca`. The server listens before its caches have listed; this
+    waits until they have (`wait_ready_s=None`: return as soon as it listens)."""
     certs = make_cert_files(tmp_path / "certs", ca=ca)  # makes tmp_path too
+    if isinstance(cluster, KubeScope):
+        where: dict[str, Any] = {"kubeconfig": cluster.kubeconfig, "namespace": cluster.install_ns}
+    else:
+        where = {"kubeconfig": write_kubeconfig(tmp_path / "kubeconfig", cluster.url, TOKEN), "namespace": "hopsworks"}
     serve = ServeOptions(
         host=LOOPBACK,
         port=free_port(),
         certs=certs.dir,
-        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN),
-        namespace="hopsworks",
         drain_seconds=0.0,
-        **options,
+        **{**where, **options},
     )
     runtime = Runtime(serve)
     await runtime.start()
@@ -97,7 +103,7 @@ def base_url(options: ServeOptions) -> str:
 
 async def binding_settled(runtime: Runtime, namespace: str) -> None:
     """Until the runtime admits pods of a freshly bound project: its binding has been in the cache
-    for BINDING_SETTLE_S (so the apiserver's own cache has it too, see webhook.runai.admission)."""
+    for BINDING_SETTLE_S (so the apiserver's own cache has it too, see webhook.http.pod_webhook)."""
 
     def settled() -> bool:
         info = runtime.state.namespaces.get(namespace)

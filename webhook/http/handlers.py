@@ -14,24 +14,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
-from webhook.core.enforcement import as_warning, warned_family
+from webhook.core.enforcement import MUTATION_FAMILIES, as_warning, warned_family, warns
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.pod_updates import validate_pod_update
-from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, request_namespace, unseen_namespace
 from webhook.core.workloads import unseen_workload_namespace, validate_workload
+from webhook.http.pod_webhook import (
+    Bind,
+    Lookup,
+    cached_mutate_pods_handler,
+    cached_validate_pods_handler,
+    mutate_pods_handler,
+    validate_pods_handler,
+)
+from webhook.http.remote import call_or_refuse
 from webhook.logformat import REVIEW_UID
 from webhook.metrics import WOULD_REFUSE_RECENT
-from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
-from webhook.runai.admission import Bind, mutate_pods_handler
 from webhook.snapshot import ClusterSnapshot
 from webhook.state.store import ClusterState
 
@@ -54,32 +60,48 @@ class ClusterParts:
 
 
 def admission_handlers(
-    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None
+    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None, clock: Callable[[], float] = time.time
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
-    either way: a scale without a template passes with a warning and its pods are checked one by one."""
+    either way: a scale without a template passes with a warning and its pods are checked one by one.
+    The validating webhooks, called once per request, turn and count what warn mode admits."""
     handlers = _handlers(state, guard, cluster)
-    for path in ("/validate/pods", "/validate/workloads"):
-        handlers[path] = warning_instead(state, handlers[path])
+    handlers["/validate/pods"] = warn_mode(state, handlers["/validate/pods"], clock, pods=True)
+    handlers["/validate/workloads"] = warn_mode(state, handlers["/validate/workloads"], clock)
     return {path: logging_review_uid(handler) for path, handler in handlers.items()}
 
 
-def warning_instead(
-    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time
+def warn_mode(
+    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time, pods: bool = False
 ) -> AdmissionHandler:
-    """`handler`, with a refusal of a family the settings put in warn mode admitted, as a warning
-    and an audit annotation, and counted (`core.enforcement`, `metrics.WOULD_REFUSE`)."""
+    """`handler`, with warn mode (`core.enforcement`) carried out: a refusal the settings put in
+    warn by its reason (GPU quota) admitted as a warning and an audit annotation, and each family
+    of an admitted request's would-be refusals counted per project (`metrics.WOULD_REFUSE`).
+
+    `pods`: the pod mutation's families are counted here too, judged again on the pod as it will
+    be stored. The apiserver calls a validating webhook once per request, but the mutating one
+    again when a later webhook changed the pod, and a pod refused after its mutation was never
+    admitted. kubectl and the audit log have those from the mutating webhook already."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = await handler(request)
-        if decision.allowed:
-            return decision
-        family = warned_family(decision, state.snapshot().settings)
-        if family is None:
-            return decision
-        if not is_dry_run(request):  # counted when it would have kept something out of the cluster
-            WOULD_REFUSE_RECENT.record(family, request_namespace(request), clock())
-        return as_warning(decision, family)
+        if decision.allowed and not pods and not decision.would_refuse:
+            return decision  # the common case, with nothing more to read
+        snapshot = state.snapshot()
+        if not decision.allowed:
+            family = warned_family(decision, snapshot.settings)
+            if family is None:
+                return decision
+            decision = as_warning(decision, family)
+        judged_again = pods and any(warns(snapshot.settings, family) for family in MUTATION_FAMILIES)
+        if judged_again and (families := mutate_pod(request, snapshot).would_refuse):
+            decision = replace(decision, would_refuse=(*families, *decision.would_refuse))
+        # Counted when it would have kept something out of the cluster: not a dry run.
+        if decision.would_refuse and not is_dry_run(request):
+            project, now = request_namespace(request), clock()
+            for family in dict.fromkeys(decision.would_refuse):
+                WOULD_REFUSE_RECENT.record(family, project, now)
+        return decision
 
     return handle
 
@@ -100,9 +122,9 @@ def logging_review_uid(handler: AdmissionHandler) -> AdmissionHandler:
 def _handlers(state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None) -> dict[str, AdmissionHandler]:
     if cluster is None:
         return {
-            "/mutate/pods": mutate_handler(state),
+            "/mutate/pods": cached_mutate_pods_handler(state),
             "/mutate/workloads": owners_handler(state),
-            "/validate/pods": cached_pods_handler(state),
+            "/validate/pods": cached_validate_pods_handler(state),
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
             "/validate/pod-updates": pod_updates_handler(state, guard),
@@ -139,24 +161,18 @@ def reading_unseen_namespaces(
     async def handle(request: Mapping[str, Any]) -> Decision:
         namespace = unseen(request, state.snapshot())
         if namespace is not None:
-            try:
-                await read(namespace)
-            except Exception as exc:
-                log.info("reading namespace %s on admission failed: %s", namespace, exc)
-                return Decision.deny(
+            read_it = await call_or_refuse(
+                read(namespace),
+                f"reading namespace {namespace}",
+                lambda exc: (
                     f"namespace {namespace} is new to this replica and could not be read ({exc}); its pods get the "
-                    "platform's scheduling only once it is known here. Try again in a few seconds",
-                    code=503,
-                    reason=Reason.NAMESPACE_NOT_KNOWN_HERE,
-                )
+                    "platform's scheduling only once it is known here. Try again in a few seconds"
+                ),
+                Reason.NAMESPACE_NOT_KNOWN_HERE,
+            )
+            if isinstance(read_it, Decision):
+                return read_it
         return await handler(request)
-
-    return handle
-
-
-def mutate_handler(state: ClusterState) -> AdmissionHandler:
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        return mutate_pod(request, state.snapshot())
 
     return handle
 
@@ -166,19 +182,6 @@ def owners_handler(state: ClusterState) -> AdmissionHandler:
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         return mutate_owner(request, state.snapshot())
-
-    return handle
-
-
-def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
-    """Quota and binding state without a Run:ai connection (`serve --state`)."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        decision = validate_pod(request, state.snapshot(), time.time())
-        if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE:
-            # `serve --state` has no Run:ai connection at all: say that, rather than "retry".
-            return Decision.allow(warnings=["GPU quota not checked: this server runs without a Run:ai connection"])
-        return decision
 
     return handle
 

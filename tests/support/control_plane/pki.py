@@ -126,6 +126,15 @@ def webhook_client(dir: Path) -> WebhookClient:
     return WebhookClient(ca, ca_file, ClientCert(*_write_pair(dir, "webhook-client", pair)))
 
 
+def serving_cert(pki: Pki, name: str, *, ips: list[str], dns_names: tuple[str, ...] = ()) -> ClientCert:
+    """A serving certificate from the control plane's CA, so that a client trusting the cluster CA
+    (every kubeconfig of the control plane) also trusts a server beside the apiserver."""
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    return ClientCert(*_write_pair(pki.dir, name, _leaf(pki.ca, subject, ExtendedKeyUsageOID.SERVER_AUTH, sans)))
+
+
 # The name on the client certificate kube-apiserver presents to aggregated API servers, and the one
 # name its --requestheader-allowed-names accepts (kubeadm's choice too).
 FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
