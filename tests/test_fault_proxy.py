@@ -231,6 +231,8 @@ async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, ku
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/a/leases/l", {},
          ("update", "coordination.k8s.io", "leases", "a", "l")),
         ("GET", "/api/v1/namespaces/a", {}, ("get", "", "namespaces", "a", "a")),
+        ("GET", "/api/v1/namespaces/a/configmaps", {"fieldSelector": "metadata.name=s"},
+         ("list", "", "configmaps", "a", "s")),
         ("PUT", "/api/v1/namespaces/a/status", {}, ("update", "", "namespaces", "a", "a")),
         ("DELETE", "/api/v1/namespaces/a/configmaps", {}, ("deletecollection", "", "configmaps", "a", "")),
         ("PATCH", "/apis/apps/v1/namespaces/a/deployments/d/scale", {}, ("patch", "apps", "deployments", "a", "d")),
