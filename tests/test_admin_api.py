@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from tests.support.apps import cache_app
+from tests.support.emulated_departments import Env, environment
 from tests.support.https import HttpsServer, StartHttpsServer
-from tests.test_departments import Env, environment
 from webhook.cli import main as cli_main
 from webhook.http.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.kube.api import KubeApi

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_queue, kueue_setup, local_queue, namespace, settings_configmap
+from tests.support.emulated_departments import Env, environment
 from tests.support.https import LOOPBACK, HttpsServer, StartHttpsServer
 from tests.support.openapi_check import validate_response
-from tests.test_departments import Env, environment
 from webhook.console import Console, console_routes
 from webhook.console.keys import KeyFile, format_keys, new_key
 from webhook.console.session import COOKIE, Sessions

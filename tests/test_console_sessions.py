@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 
 from tests.support.cluster import namespace
+from tests.support.emulated_departments import Env, environment
 from tests.support.https import (
     SERVICE_HOST,
     HttpsServer,
@@ -39,7 +40,6 @@ from tests.support.https import (
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.runtime import TOKEN, base_url, start_runtime
 from tests.test_console import BOB_TOKEN, ROOT_TOKEN, cluster_console, with_users
-from tests.test_departments import Env, environment
 from webhook.console.keys import KeyFile, KeyRing, format_keys, new_key, parse_keys, rotated
 from webhook.console.keys_cli import console_keys_command
 from webhook.console.session import (

@@ -1,7 +1,9 @@
-"""Department moves and deletes (R5) against the Kubernetes emulator and the Run:ai stand-in, over HTTP.
+"""Department moves and deletes (R5) on the real control plane (a KubeScope of the shared cluster)
+and the Run:ai stand-in, over HTTPS and HTTP.
 
-Every Run:ai request and answer is checked against runai-openapi.json by the stand-in; the fixture
-fails a test that caused a violation.
+The mover acts as the webhook's ServiceAccount with the chart's RBAC; the namespaces are the
+test's own (their names carry the scope's id). Every Run:ai request and answer is checked against
+runai-openapi.json by the stand-in; the fixture fails a test that caused a violation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from tests.support.cluster import namespace as namespace_obj
 from tests.support.cluster import settings_configmap
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.control_plane.fault_proxy import FaultProxy
+from tests.support.kube_scope import SERVICE_ACCOUNT, KubeScope
 from tests.support.runai_standin import RunaiStandin
 from webhook.kube.api import KubeApi
 from webhook.runai import ClientOptions, RunaiClient, SecretFile
@@ -47,19 +50,23 @@ class Crash(Exception):
 
 @dataclass
 class Env:
-    kube: KubeEmulator
+    scope: KubeScope
     runai: RunaiStandin
-    api: ApiClient
+    api: ApiClient  # the webhook's ServiceAccount
     kapi: KubeApi
     client: RunaiClient
     state: ClusterState
+
+    def name(self, prefix: str) -> str:
+        """The test's own namespace name for `prefix` (the Run:ai project takes the same name)."""
+        return self.scope.name(prefix)
 
     def mover(self, **kwargs: Any) -> DepartmentMover:
         kwargs.setdefault("instance", "replica-1")
         kwargs.setdefault("delete_wait_s", 3.0)
         return DepartmentMover(self.kapi, self.client, self.state, **kwargs)
 
-    def project_ns(
+    async def project_ns(
         self,
         name: str,
         *,
@@ -79,7 +86,7 @@ class Env:
             labels[RUNAI_QUEUE_LABEL] = name
             if created_here:
                 labels[RUNAI_PROJECT_ID_LABEL] = project["id"]
-        self.kube.create_object(namespace_obj(name, labels=labels))
+        await self.scope.create(namespace_obj(name, labels=labels))
         return project
 
     def pod(self, namespace: str, name: str, phase: str) -> None:
@@ -94,46 +101,56 @@ class Env:
             }
         )
 
-    def ns(self, name: str) -> dict[str, Any]:
-        obj = self.kube.get_object("Namespace", name)
+    async def ns(self, name: str) -> dict[str, Any]:
+        obj = await self.scope.get("v1", "Namespace", name)
         assert obj is not None
         return obj
 
-    def labels(self, name: str) -> dict[str, str]:
-        return self.ns(name)["metadata"].get("labels") or {}
+    async def labels(self, name: str) -> dict[str, str]:
+        return dict((await self.ns(name))["metadata"].get("labels") or {})
 
-    def intent(self, name: str) -> dict[str, Any] | None:
-        raw = (self.ns(name)["metadata"].get("annotations") or {}).get(MOVE_ANNOTATION)
+    async def intent(self, name: str) -> dict[str, Any] | None:
+        raw = ((await self.ns(name))["metadata"].get("annotations") or {}).get(MOVE_ANNOTATION)
         return json.loads(raw) if raw else None
 
     def runai_department_of(self, project: dict[str, Any]) -> str:
-        return self.runai.departments[project["parentId"]]["name"]
+        return str(self.runai.departments[project["parentId"]]["name"])
 
     def runai_writes(self) -> list[tuple[str, str]]:
         return [
             (r.method, r.path) for r in self.runai.requests if r.method in ("POST", "DELETE") and "org-unit" in r.path
         ]
 
-    def events(self, reason: str) -> list[dict[str, Any]]:
-        return [e for e in self.kube.objects("Event") if e.get("reason") == reason]
+    async def events(self, reason: str) -> list[dict[str, Any]]:
+        """Events of `reason` about this test's namespaces."""
+        names = {self.name(p) for p in NAMESPACE_PREFIXES}
+        return [
+            e
+            for e in await self.scope.list("v1", "Event", "default")
+            if e.get("reason") == reason and e["involvedObject"].get("name") in names
+        ]
+
+
+# Every namespace a test here makes is `env.name(prefix)` of one of these.
+NAMESPACE_PREFIXES = ("p1", "a1", "b2", "c3", "other")
 
 
 @contextlib.asynccontextmanager
-async def environment(tmp_path: Path) -> AsyncIterator[Env]:
-    """The emulator, the stand-in (departments default, ml, research) and clients over HTTP."""
+async def environment(tmp_path: Path, scope: KubeScope, api: ApiClient | None = None) -> AsyncIterator[Env]:
+    """The stand-in (departments default, ml, research) and clients of it and of the scope's
+    cluster (`api`: another way to the apiserver, e.g. through a fault proxy)."""
     secret_dir = tmp_path / "runai-secret"
     secret_dir.mkdir()
     (secret_dir / "clientSecret").write_text(SECRET)
-    async with KubeEmulator() as kube, RunaiStandin(client_secret=SECRET) as runai:
+    async with RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("ml")
         runai.add_department("research")
-        kube.create_object(namespace_obj("hopsworks", project=False))
-        api = kube.api_client()
+        api = api or await scope.webhook_api_client()
         client = RunaiClient(runai.url, runai.client_id, SecretFile(secret_dir, "clientSecret"), options=FAST)
-        state = ClusterState("hopsworks")
-        state.apply(settings_configmap(run_ai_enable=True))
+        state = ClusterState(scope.install_ns)
+        state.apply(settings_configmap(scope.install_ns, run_ai_enable=True))
         try:
-            yield Env(kube, runai, api, KubeApi(api, "hopsworks"), client, state)
+            yield Env(scope, runai, api, KubeApi(api, scope.install_ns), client, state)
         finally:
             await client.close()
             await api.close()
@@ -141,8 +158,8 @@ async def environment(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    async with environment(tmp_path) as e:
+async def env(tmp_path: Path, kube_scope: KubeScope) -> AsyncIterator[Env]:
+    async with environment(tmp_path, kube_scope) as e:
         yield e
 
 
@@ -150,43 +167,47 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 async def test_move_between_departments_of_the_same_runai_department_only_relabels(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     # "finance" is no Run:ai department, so it maps to the default one, like the absent label.
     mover = env.mover(runai_departments=lambda: {"default", "ml", "research"})
-    result = await mover.move_project("p1", "finance")
+    result = await mover.move_project(p1, "finance")
     assert result.outcome == "label-only"
     assert "both map to Run:ai department default" in result.message
-    assert env.labels("p1")[DEPARTMENT_LABEL] == "finance"
+    assert (await env.labels(p1))[DEPARTMENT_LABEL] == "finance"
     assert env.runai.requests == []  # not even a token
 
 
 async def test_move_of_an_unbound_namespace_only_relabels(env: Env) -> None:
-    env.project_ns("p1", bound=False)
-    result = await env.mover().move_project("p1", "ml")
+    p1 = env.name("p1")
+    await env.project_ns(p1, bound=False)
+    result = await env.mover().move_project(p1, "ml")
     assert result.outcome == "label-only" and "not bound" in result.message
-    assert env.labels("p1")[DEPARTMENT_LABEL] == "ml"
+    assert (await env.labels(p1))[DEPARTMENT_LABEL] == "ml"
     assert env.runai.requests == []
 
 
 async def test_move_of_an_adopted_project_only_relabels_and_reports_drift(env: Env) -> None:
-    project = env.project_ns("p1", created_here=False)
+    p1 = env.name("p1")
+    project = await env.project_ns(p1, created_here=False)
     assert project is not None
-    result = await env.mover().move_project("p1", "ml")
+    result = await env.mover().move_project(p1, "ml")
     assert result.outcome == "label-only" and result.drift
     assert "RUN_AI_DEPARTMENT_DRIFT" in result.message
-    assert env.labels("p1")[DEPARTMENT_LABEL] == "ml"
+    assert (await env.labels(p1))[DEPARTMENT_LABEL] == "ml"
     assert env.runai.requests == []
     assert env.runai_department_of(env.runai.projects[project["id"]]) == "default"
-    assert env.events("RunaiDepartmentDrift")
+    assert await env.events("RunaiDepartmentDrift")
 
 
 async def test_invalid_department_name_and_unknown_namespace_are_refused(env: Env) -> None:
-    env.project_ns("p1")
+    p1, nope = env.name("p1"), env.name("nope")
+    await env.project_ns(p1)
     with pytest.raises(InvalidDepartment) as bad:
-        await env.mover().move_project("p1", "Not_A-Name-")
+        await env.mover().move_project(p1, "Not_A-Name-")
     assert bad.value.status == 400
     with pytest.raises(UnknownNamespace) as missing:
-        await env.mover().move_project("nope", "ml")
+        await env.mover().move_project(nope, "ml")
     assert missing.value.status == 404
     assert env.runai.requests == []
 
@@ -195,37 +216,40 @@ async def test_invalid_department_name_and_unknown_namespace_are_refused(env: En
 
 
 async def test_move_is_refused_while_pods_run_or_wait_and_names_them(env: Env) -> None:
-    project = env.project_ns("p1")
+    p1 = env.name("p1")
+    project = await env.project_ns(p1)
     assert project is not None
-    env.pod("p1", "notebook-0", "Running")
-    env.pod("p1", "job-7", "Pending")
-    env.pod("p1", "old-job", "Succeeded")
+    env.pod(p1, "notebook-0", "Running")
+    env.pod(p1, "job-7", "Pending")
+    env.pod(p1, "old-job", "Succeeded")
     with pytest.raises(ProjectBusy) as busy:
-        await env.mover().move_project("p1", "ml")
+        await env.mover().move_project(p1, "ml")
     assert busy.value.status == 409
     assert busy.value.pods == ["job-7", "notebook-0"]
     assert "notebook-0" in busy.value.message and "job-7" in busy.value.message
     assert "old-job" not in busy.value.message
     assert env.runai_writes() == []
     assert project["id"] in env.runai.projects
-    assert DEPARTMENT_LABEL not in env.labels("p1")
-    assert env.intent("p1") is None
+    assert DEPARTMENT_LABEL not in await env.labels(p1)
+    assert await env.intent(p1) is None
 
 
 async def test_busy_message_caps_the_pods_it_names(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     for i in range(14):
-        env.pod("p1", f"worker-{i:02d}", "Unknown")
+        env.pod(p1, f"worker-{i:02d}", "Unknown")
     with pytest.raises(ProjectBusy) as busy:
-        await env.mover().move_project("p1", "ml")
+        await env.mover().move_project(p1, "ml")
     assert "and 4 more" in busy.value.message and "worker-13" not in busy.value.message
 
 
 async def test_finished_pods_do_not_block_a_move(env: Env) -> None:
-    env.project_ns("p1")
-    env.pod("p1", "done", "Succeeded")
-    env.pod("p1", "crashed", "Failed")
-    result = await env.mover().move_project("p1", "ml")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
+    env.pod(p1, "done", "Succeeded")
+    env.pod(p1, "crashed", "Failed")
+    result = await env.mover().move_project(p1, "ml")
     assert result.outcome == "moved"
 
 
@@ -233,15 +257,16 @@ async def test_finished_pods_do_not_block_a_move(env: Env) -> None:
 
 
 async def test_move_recreates_the_runai_project_in_the_new_department_without_quota(env: Env) -> None:
-    old = env.project_ns("p1", gpu_quota=3)
+    p1 = env.name("p1")
+    old = await env.project_ns(p1, gpu_quota=3)
     assert old is not None
     seen: dict[str, Any] = {}
 
     async def checkpoint(phase: str) -> None:
         # What a crash at this point would leave behind.
-        seen[phase] = (env.intent("p1"), old["id"] in env.runai.projects)
+        seen[phase] = (await env.intent(p1), old["id"] in env.runai.projects)
 
-    result = await env.mover(checkpoint=checkpoint).move_project("p1", "ml")
+    result = await env.mover(checkpoint=checkpoint).move_project(p1, "ml")
 
     intent_at_start, old_there = seen["intent"]
     assert intent_at_start["phase"] == "started" and old_there  # recorded before Run:ai is touched
@@ -254,20 +279,20 @@ async def test_move_recreates_the_runai_project_in_the_new_department_without_qu
 
     assert result.outcome == "moved"
     assert old["id"] not in env.runai.projects
-    new = env.runai.project("p1")
+    new = env.runai.project(p1)
     assert new is not None and new["id"] == result.new_project_id != old["id"]
     assert env.runai_department_of(new) == "ml"
-    assert new["requestedNamespace"] == "p1"
+    assert new["requestedNamespace"] == p1
     assert [r["gpu"]["deserved"] for r in new["resources"]] == [0]
-    labels = env.labels("p1")
+    labels = await env.labels(p1)
     assert labels[DEPARTMENT_LABEL] == "ml"
     assert labels[RUNAI_PROJECT_ID_LABEL] == new["id"]
-    assert labels[RUNAI_QUEUE_LABEL] == "p1"
-    assert env.intent("p1") is None
+    assert labels[RUNAI_QUEUE_LABEL] == p1
+    assert await env.intent(p1) is None
     assert result.reminder and "GPU quota and access rules" in result.reminder
-    events = env.events("RunaiProjectMoved")
+    events = await env.events("RunaiProjectMoved")
     assert len(events) == 1 and "Re-add GPU quota and access rules" in events[0]["message"]
-    assert events[0]["involvedObject"]["kind"] == "Namespace" and events[0]["involvedObject"]["name"] == "p1"
+    assert events[0]["involvedObject"]["kind"] == "Namespace" and events[0]["involvedObject"]["name"] == p1
     assert env.runai_writes() == [
         ("DELETE", f"/api/v1/org-unit/projects/{old['id']}"),
         ("POST", "/api/v1/org-unit/projects"),
@@ -275,20 +300,22 @@ async def test_move_recreates_the_runai_project_in_the_new_department_without_qu
 
 
 async def test_move_to_the_default_department_removes_the_label(env: Env) -> None:
-    env.project_ns("p1", department="ml", runai_department="ml")
-    result = await env.mover().move_project("p1", None)
+    p1 = env.name("p1")
+    await env.project_ns(p1, department="ml", runai_department="ml")
+    result = await env.mover().move_project(p1, None)
     assert result.outcome == "moved"
-    assert DEPARTMENT_LABEL not in env.labels("p1")
-    new = env.runai.project("p1")
+    assert DEPARTMENT_LABEL not in await env.labels(p1)
+    new = env.runai.project(p1)
     assert new is not None and env.runai_department_of(new) == "default"
 
 
 async def test_move_waits_for_runai_to_finish_an_asynchronous_delete(env: Env) -> None:
+    p1 = env.name("p1")
     env.runai.delete_status, env.runai.delete_delay_s = 202, 0.3
-    env.project_ns("p1")
-    result = await env.mover().move_project("p1", "ml")
+    await env.project_ns(p1)
+    result = await env.mover().move_project(p1, "ml")
     assert result.outcome == "moved"
-    new = env.runai.project("p1")
+    new = env.runai.project(p1)
     assert new is not None and env.runai_department_of(new) == "ml"
 
 
@@ -310,64 +337,68 @@ def _with_scheduling_settings(env: Env, project: dict[str, Any]) -> None:
 
 
 async def test_failed_create_rolls_back_to_the_old_department_with_old_quota_and_settings(env: Env) -> None:
-    old = env.project_ns("p1", department="research", runai_department="research")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1, department="research", runai_department="research")
     assert old is not None
     _with_scheduling_settings(env, old)
     expected_resources = json.loads(json.dumps(old["resources"]))
     env.runai.fail_project_create_in("ml", status=400)
 
     with pytest.raises(MoveRolledBack) as failed:
-        await env.mover().move_project("p1", "ml")
+        await env.mover().move_project(p1, "ml")
 
     assert failed.value.status == 409
     message = failed.value.message
     assert "could not be created in Run:ai department ml" in message and "HTTP 400" in message
     assert "access rules" in message and "not restored" in message
-    restored = env.runai.project("p1")
+    restored = env.runai.project(p1)
     assert restored is not None and restored["id"] != old["id"]
     assert env.runai_department_of(restored) == "research"
-    assert restored["requestedNamespace"] == "p1"
+    assert restored["requestedNamespace"] == p1
     assert restored["resources"] == expected_resources
     assert restored["schedulingRules"] == old["schedulingRules"]
     assert restored["defaultNodePools"] == ["a100", "default"]
-    labels = env.labels("p1")
+    labels = await env.labels(p1)
     assert labels[DEPARTMENT_LABEL] == "research"
     # The re-created project has a new id: the namespace keeps owning it.
     assert labels[RUNAI_PROJECT_ID_LABEL] == restored["id"]
-    assert env.intent("p1") is None
+    assert await env.intent(p1) is None
     assert failed.value.result is not None and failed.value.result.outcome == "rolled-back"
-    assert env.events("RunaiProjectMoveFailed")
-    assert not env.events("RunaiProjectMoved")
+    assert await env.events("RunaiProjectMoveFailed")
+    assert not await env.events("RunaiProjectMoved")
 
 
 async def test_create_failing_because_runai_is_unreachable_rolls_back_with_503(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     env.runai.fail_project_create_in("ml", status=503)
     with pytest.raises(MoveRolledBack) as failed:
-        await env.mover().move_project("p1", "ml")
+        await env.mover().move_project(p1, "ml")
     assert failed.value.status == 503
-    restored = env.runai.project("p1")
+    restored = env.runai.project(p1)
     assert restored is not None and env.runai_department_of(restored) == "default"
     assert [r["gpu"]["deserved"] for r in restored["resources"]] == [2]
 
 
 async def test_runai_unreachable_before_anything_changed_answers_503_and_changes_nothing(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     await env.runai.stop_listening()
     with pytest.raises(Exception) as failed:
-        await env.mover().move_project("p1", "ml")
+        await env.mover().move_project(p1, "ml")
     assert getattr(failed.value, "status", None) == 503
     await env.runai.resume()
     assert old["id"] in env.runai.projects
-    assert DEPARTMENT_LABEL not in env.labels("p1") and env.intent("p1") is None
+    assert DEPARTMENT_LABEL not in await env.labels(p1) and await env.intent(p1) is None
 
 
 # -- the lock -----------------------------------------------------------------------------------
 
 
 async def test_a_second_move_of_the_same_namespace_is_refused_while_one_runs(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     reached, release = asyncio.Event(), asyncio.Event()
 
     async def hold(phase: str) -> None:
@@ -375,32 +406,33 @@ async def test_a_second_move_of_the_same_namespace_is_refused_while_one_runs(env
             reached.set()
             await release.wait()
 
-    first = asyncio.create_task(env.mover(checkpoint=hold).move_project("p1", "ml"))
+    first = asyncio.create_task(env.mover(checkpoint=hold).move_project(p1, "ml"))
     await asyncio.wait_for(reached.wait(), 5)
     with pytest.raises(MoveInProgress) as refused:
-        await env.mover(instance="replica-2").move_project("p1", "research")
+        await env.mover(instance="replica-2").move_project(p1, "research")
     assert refused.value.status == 409 and "in progress" in refused.value.message
     # A recoverer on another replica leaves a live move alone.
-    assert await env.mover(instance="replica-2").recover("p1") is None
+    assert await env.mover(instance="replica-2").recover(p1) is None
     release.set()
     result = await first
-    assert result.outcome == "moved" and env.labels("p1")[DEPARTMENT_LABEL] == "ml"
-    assert len([p for p in env.runai.projects.values() if p["name"] == "p1"]) == 1
+    assert result.outcome == "moved" and (await env.labels(p1))[DEPARTMENT_LABEL] == "ml"
+    assert len([p for p in env.runai.projects.values() if p["name"] == p1]) == 1
 
 
 async def test_concurrent_moves_from_two_replicas_let_exactly_one_through(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     results = await asyncio.gather(
-        env.mover(instance="replica-1").move_project("p1", "ml"),
-        env.mover(instance="replica-2").move_project("p1", "research"),
+        env.mover(instance="replica-1").move_project(p1, "ml"),
+        env.mover(instance="replica-2").move_project(p1, "research"),
         return_exceptions=True,
     )
     moved = [r for r in results if not isinstance(r, BaseException)]
     refused = [r for r in results if isinstance(r, MoveInProgress)]
     assert len(moved) == 1 and len(refused) == 1, results
-    projects = [p for p in env.runai.projects.values() if p["name"] == "p1"]
+    projects = [p for p in env.runai.projects.values() if p["name"] == p1]
     assert len(projects) == 1
-    assert env.runai_department_of(projects[0]) == env.labels("p1")[DEPARTMENT_LABEL]
+    assert env.runai_department_of(projects[0]) == (await env.labels(p1))[DEPARTMENT_LABEL]
 
 
 # -- crash safety -------------------------------------------------------------------------------
@@ -419,85 +451,90 @@ def _later(seconds: float) -> Any:
 
 
 async def test_a_move_interrupted_after_the_delete_is_finished_by_recover(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
-    assert env.intent("p1")["phase"] == "deleted"  # type: ignore[index]
-    assert env.runai.project("p1") is None  # between delete and create: nothing in Run:ai
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
+    assert (await env.intent(p1))["phase"] == "deleted"  # type: ignore[index]
+    assert env.runai.project(p1) is None  # between delete and create: nothing in Run:ai
 
     # The new leader leaves the intent alone while its holder may still be alive...
-    assert await env.mover(instance="leader-2").recover("p1") is None
+    assert await env.mover(instance="leader-2").recover(p1) is None
     # ...and takes it over once the holder's heartbeat is old.
     outcomes = await env.mover(instance="leader-2", clock=_later(600)).recover_all()
 
     assert len(outcomes) == 1 and not isinstance(outcomes[0], Exception)
     assert outcomes[0].outcome == "moved"
-    new = env.runai.project("p1")
+    new = env.runai.project(p1)
     assert new is not None and env.runai_department_of(new) == "ml"
     assert [r["gpu"]["deserved"] for r in new["resources"]] == [0]
-    labels = env.labels("p1")
+    labels = await env.labels(p1)
     assert labels[DEPARTMENT_LABEL] == "ml" and labels[RUNAI_PROJECT_ID_LABEL] == new["id"]
-    assert env.intent("p1") is None
-    assert env.events("RunaiProjectMoved")
+    assert await env.intent(p1) is None
+    assert await env.events("RunaiProjectMoved")
     assert await env.mover(instance="leader-2", clock=_later(600)).recover_all() == []
 
 
 async def test_a_move_interrupted_after_the_create_is_finished_without_a_second_project(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("created")).move_project("p1", "ml")
-    created = env.runai.project("p1")
+        await env.mover(checkpoint=_crash_at("created")).move_project(p1, "ml")
+    created = env.runai.project(p1)
     assert created is not None
-    result = await env.mover(instance="leader-2", clock=_later(600)).recover("p1")
+    result = await env.mover(instance="leader-2", clock=_later(600)).recover(p1)
     assert result is not None and result.outcome == "moved"
-    assert [p["id"] for p in env.runai.projects.values() if p["name"] == "p1"] == [created["id"]]
-    assert env.labels("p1")[RUNAI_PROJECT_ID_LABEL] == created["id"]
+    assert [p["id"] for p in env.runai.projects.values() if p["name"] == p1] == [created["id"]]
+    assert (await env.labels(p1))[RUNAI_PROJECT_ID_LABEL] == created["id"]
 
 
 async def test_recover_rolls_back_when_the_new_department_create_fails(env: Env) -> None:
-    old = env.project_ns("p1", gpu_quota=5)
+    p1 = env.name("p1")
+    old = await env.project_ns(p1, gpu_quota=5)
     assert old is not None
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
     env.runai.fail_project_create_in("ml", status=400)
 
     outcomes = await env.mover(instance="leader-2", clock=_later(600)).recover_all()
 
     assert len(outcomes) == 1 and isinstance(outcomes[0], MoveRolledBack)
-    restored = env.runai.project("p1")
+    restored = env.runai.project(p1)
     assert restored is not None and env.runai_department_of(restored) == "default"
     assert [r["gpu"]["deserved"] for r in restored["resources"]] == [5]
-    labels = env.labels("p1")
+    labels = await env.labels(p1)
     assert DEPARTMENT_LABEL not in labels and labels[RUNAI_PROJECT_ID_LABEL] == restored["id"]
-    assert env.intent("p1") is None
+    assert await env.intent(p1) is None
 
 
 async def test_recover_keeps_the_intent_when_runai_cannot_take_the_project_anywhere(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
     ml, default = env.runai.fail_project_create_in("ml", 400), env.runai.fail_project_create_in("default", 400)
     outcomes = await env.mover(instance="leader-2", clock=_later(600)).recover_all()
     assert len(outcomes) == 1 and getattr(outcomes[0], "status", None) == 503
-    assert env.intent("p1") is not None  # not lost: the next pass tries again
-    assert env.events("RunaiProjectMovePending")
+    assert await env.intent(p1) is not None  # not lost: the next pass tries again
+    assert await env.events("RunaiProjectMovePending")
     ml.remaining = default.remaining = 0  # Run:ai works again
     outcomes = await env.mover(instance="leader-2", clock=_later(600)).recover_all()
     assert [getattr(o, "outcome", None) for o in outcomes] == ["moved"]
-    assert env.intent("p1") is None
+    assert await env.intent(p1) is None
 
 
 async def test_a_move_interrupted_before_the_delete_is_abandoned_untouched(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("intent")).move_project("p1", "ml")
+        await env.mover(checkpoint=_crash_at("intent")).move_project(p1, "ml")
     # The same process (its move gone) may settle its own intent at once.
-    result = await env.mover().recover("p1")
+    result = await env.mover().recover(p1)
     assert result is not None and result.outcome == "abandoned"
-    assert env.runai.project("p1") == old and old["id"] in env.runai.projects
-    assert DEPARTMENT_LABEL not in env.labels("p1") and env.intent("p1") is None
+    assert env.runai.project(p1) == old and old["id"] in env.runai.projects
+    assert DEPARTMENT_LABEL not in await env.labels(p1) and await env.intent(p1) is None
     assert env.runai_writes() == []
 
 
@@ -505,47 +542,57 @@ async def test_a_move_interrupted_before_the_delete_is_abandoned_untouched(env: 
 
 
 async def test_department_delete_moves_projects_one_at_a_time_and_stops_at_the_first_busy_one(env: Env) -> None:
-    for name in ("a1", "b2", "c3"):
-        env.project_ns(name, department="ml", runai_department="ml")
-    env.project_ns("other", department="research", runai_department="research")
-    env.pod("b2", "notebook-0", "Running")
+    a1, b2, c3, other = env.name("a1"), env.name("b2"), env.name("c3"), env.name("other")
+    for name in (a1, b2, c3):
+        await env.project_ns(name, department="ml", runai_department="ml")
+    await env.project_ns(other, department="research", runai_department="research")
+    env.pod(b2, "notebook-0", "Running")
 
     result = await env.mover().delete_department("ml")
 
-    assert [m.namespace for m in result.moved] == ["a1"]
-    assert result.failed is not None and result.failed["namespace"] == "b2"
+    assert [m.namespace for m in result.moved] == [a1]
+    assert result.failed is not None and result.failed["namespace"] == b2
     assert result.failed["pods"] == ["notebook-0"] and result.status == 409
-    assert result.remaining == ["b2", "c3"]
+    assert result.remaining == [b2, c3]
     answer = result.to_json()
     assert answer["complete"] is False and answer["reminder"]
-    assert DEPARTMENT_LABEL not in env.labels("a1")
-    moved = env.runai.project("a1")
+    assert DEPARTMENT_LABEL not in await env.labels(a1)
+    moved = env.runai.project(a1)
     assert moved is not None and env.runai_department_of(moved) == "default"
     assert [r["gpu"]["deserved"] for r in moved["resources"]] == [0]
-    for name in ("b2", "c3"):
-        assert env.labels(name)[DEPARTMENT_LABEL] == "ml"
+    for name in (b2, c3):
+        assert (await env.labels(name))[DEPARTMENT_LABEL] == "ml"
         kept = env.runai.project(name)
         assert kept is not None and env.runai_department_of(kept) == "ml"
-    assert env.labels("other")[DEPARTMENT_LABEL] == "research"
+    assert (await env.labels(other))[DEPARTMENT_LABEL] == "research"
 
     # Deleted again once the notebook stopped: the rest move; the first stays where it went.
-    env.state.delete({"kind": "Pod", "metadata": {"namespace": "b2", "name": "notebook-0", "uid": "uid-b2-notebook-0"}})
+    env.state.delete(
+        {"kind": "Pod", "metadata": {"namespace": b2, "name": "notebook-0", "uid": f"uid-{b2}-notebook-0"}}
+    )
     again = await env.mover().delete_department("ml")
-    assert again.complete and [m.namespace for m in again.moved] == ["b2", "c3"]
-    assert all(env.runai_department_of(env.runai.project(n) or {}) == "default" for n in ("a1", "b2", "c3"))
+    assert again.complete and [m.namespace for m in again.moved] == [b2, c3]
+    assert all(env.runai_department_of(env.runai.project(n) or {}) == "default" for n in (a1, b2, c3))
 
 
-async def test_department_delete_when_the_namespace_list_is_refused_moves_nothing_and_says_so(env: Env) -> None:
-    env.project_ns("a1", department="ml", runai_department="ml")
-    env.kube.fail_next(1, 403, path_prefix="/api/v1/namespaces", method="GET")
-    with pytest.raises(Exception) as failed:
-        await env.mover().delete_department("ml")
-    assert getattr(failed.value, "status", None) == 503, failed.value  # not "complete, 0 moved"
-    assert env.labels("a1")[DEPARTMENT_LABEL] == "ml" and env.runai_writes() == []
+async def test_department_delete_when_the_namespace_list_is_refused_moves_nothing_and_says_so(
+    tmp_path: Path, kube_scope: KubeScope
+) -> None:
+    token = await kube_scope.token(SERVICE_ACCOUNT, kube_scope.install_ns)
+    async with FaultProxy(kube_scope.cp) as proxy, environment(tmp_path, kube_scope, proxy.api_client(token)) as env:
+        a1 = env.name("a1")
+        await env.project_ns(a1, department="ml", runai_department="ml")
+        proxy.fail(403, n=1, verb="list", resource="namespaces")
+        with pytest.raises(Exception) as failed:
+            await env.mover().delete_department("ml")
+        assert getattr(failed.value, "status", None) == 503, failed.value  # not "complete, 0 moved"
+        assert proxy.calls(verb="list", resource="namespaces")  # the refusal was the list's
+        assert (await env.labels(a1))[DEPARTMENT_LABEL] == "ml" and env.runai_writes() == []
 
 
 async def test_move_publishes_projects_to_the_directory_and_uses_the_current_client(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     notes: list[tuple[str, str]] = []
 
@@ -559,15 +606,16 @@ async def test_move_publishes_projects_to_the_directory_and_uses_the_current_cli
     clients: list[RunaiClient | None] = [None]
     mover = DepartmentMover(env.kapi, lambda: clients[-1], env.state, directory=Notes(), instance="r1")
     with pytest.raises(Exception) as unconfigured:
-        await mover.move_project("p1", "ml")
-    assert getattr(unconfigured.value, "status", None) == 503 and env.intent("p1") is None
+        await mover.move_project(p1, "ml")
+    assert getattr(unconfigured.value, "status", None) == 503 and await env.intent(p1) is None
     clients.append(env.client)  # settings reloaded: Run:ai configured now
-    result = await mover.move_project("p1", "ml")
+    result = await mover.move_project(p1, "ml")
     assert notes == [("forget", old["id"]), ("note", result.new_project_id)]
 
 
 async def test_a_stalled_holder_whose_move_was_taken_over_deletes_nothing(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     reached, release = asyncio.Event(), asyncio.Event()
 
@@ -576,61 +624,64 @@ async def test_a_stalled_holder_whose_move_was_taken_over_deletes_nothing(env: E
             reached.set()
             await release.wait()
 
-    first = asyncio.create_task(env.mover(checkpoint=stall).move_project("p1", "ml"))
+    first = asyncio.create_task(env.mover(checkpoint=stall).move_project(p1, "ml"))
     await asyncio.wait_for(reached.wait(), 5)
     # Its heartbeat looks old to another replica, which settles the move: nothing was deleted yet.
-    result = await env.mover(instance="leader-2", clock=_later(600)).recover("p1")
+    result = await env.mover(instance="leader-2", clock=_later(600)).recover(p1)
     assert result is not None and result.outcome == "abandoned"
     release.set()
     with pytest.raises(MovePending):
         await first
     assert old["id"] in env.runai.projects and env.runai_writes() == []
-    assert env.intent("p1") is None and DEPARTMENT_LABEL not in env.labels("p1")
+    assert await env.intent(p1) is None and DEPARTMENT_LABEL not in await env.labels(p1)
 
 
 async def test_the_leaders_reconcile_pass_settles_a_move_left_half_done(env: Env) -> None:
+    p1 = env.name("p1")
     from webhook.runai.integration import IntegrationOptions, RunaiIntegration
 
-    env.project_ns("p1")
+    await env.project_ns(p1)
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
-    env.state.apply(env.ns("p1"))
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
+    env.state.apply(await env.ns(p1))
     integration = RunaiIntegration(
         env.state,
         env.api,
         env.kapi,
         lambda _: env.client,
-        IntegrationOptions(),
+        IntegrationOptions(install_namespace=env.scope.install_ns),
         mover=env.mover(instance="leader-2", clock=_later(600)),
     )
     report = await integration.reconciler.pass_once()
     assert not report.unavailable
-    new = env.runai.project("p1")
+    new = env.runai.project(p1)
     assert new is not None and env.runai_department_of(new) == "ml"
-    assert env.intent("p1") is None
-    assert env.labels("p1")[RUNAI_PROJECT_ID_LABEL] == new["id"]
+    assert await env.intent(p1) is None
+    assert (await env.labels(p1))[RUNAI_PROJECT_ID_LABEL] == new["id"]
 
 
-# -- a holder proven gone (issue 21, item 6) -----------------------------------------------------
+# -- a holder proven gone ------------------------------------------------------------------------
 
 
 async def test_a_move_held_by_a_process_the_lease_was_taken_over_from_is_resumed_at_once(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
     # Its heartbeat is fresh: another process leaves it alone...
-    assert await env.mover(instance="leader-2").recover("p1") is None
+    assert await env.mover(instance="leader-2").recover(p1) is None
     # ...unless it took the Lease over from the holder, which proves the holder gone.
     successor = env.mover(instance="leader-2", holders_gone=lambda: ("replica-1",))
-    outcomes = await successor.recover_all([NamespaceInfo.from_object(env.ns("p1"))])
+    outcomes = await successor.recover_all([NamespaceInfo.from_object(await env.ns(p1))])
     assert [getattr(o, "outcome", None) for o in outcomes] == ["moved"]
-    new = env.runai.project("p1")
-    assert new is not None and env.runai_department_of(new) == "ml" and env.intent("p1") is None
+    new = env.runai.project(p1)
+    assert new is not None and env.runai_department_of(new) == "ml" and await env.intent(p1) is None
 
 
 @pytest.mark.slow
 async def test_a_live_holder_keeps_its_move_by_its_heartbeat_and_loses_it_once_dead(env: Env) -> None:
-    old = env.project_ns("p1")
+    p1 = env.name("p1")
+    old = await env.project_ns(p1)
     assert old is not None
     reached = asyncio.Event()
 
@@ -639,35 +690,36 @@ async def test_a_live_holder_keeps_its_move_by_its_heartbeat_and_loses_it_once_d
             reached.set()
             await asyncio.Event().wait()  # slow, but alive: only its heartbeat runs
 
-    holder = asyncio.create_task(env.mover(checkpoint=stall, heartbeat_s=0.2).move_project("p1", "ml"))
+    holder = asyncio.create_task(env.mover(checkpoint=stall, heartbeat_s=0.2).move_project(p1, "ml"))
     await asyncio.wait_for(reached.wait(), 5)
     # The heartbeat is written to the second; 2.5 s is five heartbeats plus that rounding.
     other = env.mover(instance="leader-2", stale_after_s=2.5)
     watched_until = time.monotonic() + 3.5  # longer than the lapse: only the heartbeat keeps it
     while time.monotonic() < watched_until:
-        assert await other.recover("p1") is None
-        assert await other.recover_all([NamespaceInfo.from_object(env.ns("p1"))]) == []
+        assert await other.recover(p1) is None
+        assert await other.recover_all([NamespaceInfo.from_object(await env.ns(p1))]) == []
         assert other.next_check_at is not None  # when to look again
         await asyncio.sleep(0.25)
     holder.cancel()  # the holder dies: no more heartbeats
     with contextlib.suppress(asyncio.CancelledError):
         await holder
     died = time.monotonic()
-    while (result := await other.recover("p1")) is None:
+    while (result := await other.recover(p1)) is None:
         assert time.monotonic() - died < 10, "never taken over"
         await asyncio.sleep(0.1)
     assert result.outcome == "abandoned"  # nothing was deleted yet: dropping the intent is the rollback
-    assert old["id"] in env.runai.projects and env.intent("p1") is None
+    assert old["id"] in env.runai.projects and await env.intent(p1) is None
 
 
 async def test_a_cache_older_than_the_holders_heartbeat_still_says_when_to_look_again(env: Env) -> None:
-    env.project_ns("p1")
+    p1 = env.name("p1")
+    await env.project_ns(p1)
     with pytest.raises(Crash):
-        await env.mover(checkpoint=_crash_at("deleted")).move_project("p1", "ml")
-    intent = env.intent("p1")
+        await env.mover(checkpoint=_crash_at("deleted")).move_project(p1, "ml")
+    intent = await env.intent(p1)
     assert intent is not None
     stale = {**intent, "heartbeat": "2026-01-01T00:00:00Z"}  # what a lagging cache may still show
-    cached = namespace_obj("p1", annotations={MOVE_ANNOTATION: json.dumps(stale)})
+    cached = namespace_obj(p1, annotations={MOVE_ANNOTATION: json.dumps(stale)})
     other = env.mover(instance="leader-2")
     assert await other.recover_all([NamespaceInfo.from_object(cached)]) == []  # the API's is fresh
     assert other.next_check_at is not None and other.next_check_at > time.time()

@@ -147,6 +147,17 @@ async def bound_on_both(env: Env, servers: tuple[ServedRuntime, ...], prefix: st
     return ns, str(project["id"])
 
 
+async def the_one_that_never_saw(a: ServedRuntime, b: ServedRuntime, ns: str) -> ServedRuntime:
+    """The replica that did not bind `ns`: the binder knows its Run:ai project once it has published
+    it, which may come a moment after both replicas see the namespace's label."""
+
+    def knows(s: ServedRuntime) -> bool:
+        return ns in (s.runtime.state.snapshot().runai_projects or {})
+
+    await wait_until(lambda: knows(a) or knows(b), within=10, what=f"the binder of {ns} knows its project")
+    return b if knows(a) else a
+
+
 def assert_says_missing_and_what_to_do(text: str, vision: str) -> None:
     assert f"Run:ai project {vision}, which no longer exists in Run:ai" in text, text
     assert "remove the labels runai/queue and hopsworks.ai/runai-project-id" in text, text
@@ -184,8 +195,7 @@ async def test_a_replica_that_never_saw_the_project_looks_it_up_and_finds_it_gon
     b = await env.start("b")
     vision, project_id = await bound_on_both(env, (a, b), "vision")
     alice_token = await env.reader_token(vision)
-    binder = a if vision in (a.runtime.state.snapshot().runai_projects or {}) else b
-    other = b if binder is a else a
+    other = await the_one_that_never_saw(a, b, vision)
     del env.runai.projects[project_id]
     calls_before = remote_calls("runai", "request")
 
@@ -281,7 +291,7 @@ async def test_a_lookup_that_runai_does_not_answer_in_time_refuses_to_retry_with
     a = await env.start("a")
     b = await env.start("b")
     vision, _ = await bound_on_both(env, (a, b), "vision")
-    other = b if vision in (a.runtime.state.snapshot().runai_projects or {}) else a
+    other = await the_one_that_never_saw(a, b, vision)
     env.runai.set_latency(4.0, method="GET", path="/api/v1/org-unit/projects")
     started = asyncio.get_running_loop().time()
     answer = await other.review("/validate/pods", notebook(vision, "nb-1"))

@@ -360,7 +360,8 @@ class KubeScope:
             spec = obj.get("spec") or {}
             if spec.get("policyName") in renamed:
                 spec["policyName"] = renamed[spec["policyName"]]
-            await self.create(obj)
+        # At once: a binding may name a role or a ServiceAccount that does not exist yet.
+        await asyncio.gather(*(self.create(obj) for obj in objects))
         await self._wait_authorized()
         token = await self.token(SERVICE_ACCOUNT, self.install_ns)
         self.kubeconfig = self.cp.token_kubeconfig(self.dir / "kubeconfig", token)
@@ -380,15 +381,17 @@ class KubeScope:
         checks = [{"verb": "watch", "resource": "namespaces"},
                   {"verb": "watch", "resource": "configmaps", "namespace": self.install_ns},
                   {"verb": "create", "resource": "events", "namespace": "default"}]  # fmt: skip
-        for attributes in checks:
-            await eventually(lambda a=attributes: allowed(a), message=f"RBAC never allowed {attributes}")  # type: ignore[misc]
+        await asyncio.gather(
+            *(eventually(lambda a=a: allowed(a), message=f"RBAC never allowed {a}") for a in checks)  # type: ignore[misc]
+        )
 
     async def _cleanup(self) -> None:
         """Everything the test made goes; its namespaces first become plain ones (see the module doc)."""
-        for name in self._namespaces:
+
+        async def plain_and_deleted(name: str) -> None:
             current = await self.get("v1", "Namespace", name)
             if current is None:
-                continue  # the test deleted it already
+                return  # the test deleted it already
             # Every label but the name, every annotation and every finalizer go: nothing is left
             # that a later test's Runtime would take for a project, a binding or a record to keep.
             meta = current["metadata"]
@@ -404,9 +407,12 @@ class KubeScope:
             # grace period, and a later test must not count their GPUs.
             await self.call("DELETE", resource_path("v1", "Pod", name), {"gracePeriodSeconds": 0})
             await self.delete("v1", "Namespace", name)
-        for obj in reversed(self._others):
-            meta = obj["metadata"]
-            await self.delete(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+
+        await asyncio.gather(*(plain_and_deleted(name) for name in self._namespaces))
+        await asyncio.gather(
+            *(self.delete(o["apiVersion"], o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
+              for o in self._others)
+        )  # fmt: skip
 
         async def no_pods_left() -> bool:
             for name in self._namespaces:
