@@ -151,8 +151,9 @@ async def test_a_rewrite_hands_out_what_the_apiserver_would_not_store(
             obj["metadata"]["labels"] = "not-a-map"
         return obj
 
-    await admin.call("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap("odd"))
     proxy.rewrite(unreadable, resource="configmaps", namespace=ns)
+    status, created = await admin.call("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap("odd"))
+    assert status == 201 and created["metadata"]["labels"] == "not-a-map"  # a create's answer too
     _, listed = await admin.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
     odd = next(i for i in listed["items"] if i["metadata"]["name"] == "odd")
     assert odd["metadata"]["labels"] == "not-a-map"

@@ -88,6 +88,7 @@ class Call:
     subresource: str
     status: int | None = None
     error: str = ""  # the body of an answer that is not a success, as the apiserver wrote it
+    body: bytes = b""  # what the caller sent (a create's object, a patch)
 
     @property
     def is_watch(self) -> bool:
@@ -454,6 +455,7 @@ class FaultProxy:
         # As the caller wrote it: a query re-encoded could read differently at the apiserver.
         url = yarl.URL(self.upstream + request.raw_path, encoded=True)
         body = await request.read() if request.can_read_body else None
+        call.body = body or b""
         async with session.request(request.method, url, headers=headers, data=body, allow_redirects=False) as up:
             out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
             call.status = up.status
@@ -461,7 +463,7 @@ class FaultProxy:
                 body = await up.read()
                 if up.status >= 400:
                     call.error = body[:4000].decode(errors="replace")
-                if edits and up.status == 200:
+                if edits and 200 <= up.status < 300:
                     body = _edited_answer(body, edits)
                 return web.Response(status=up.status, body=body, headers=out_headers)
             response = web.StreamResponse(status=up.status, headers=out_headers)
