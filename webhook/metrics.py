@@ -201,7 +201,8 @@ CERT_EXPIRY = Gauge(
 
 WOULD_REFUSE = Counter(
     "webhook_would_refuse_total",
-    "Admission reviews admitted only because their refusal family is in warn mode, by rule and project.",
+    "Requests admitted only because their refusal family (rule) is in warn mode, by rule and project: a pod "
+    "once, an owner when created or updated to carry what would be refused.",
     ["rule", "project"],
     registry=REGISTRY,
 )

@@ -262,6 +262,14 @@ class ClusterSettings(_Strict):
     # `warn` admits a pod or workload over its project's GPU quota, with the refusal as a warning,
     # an audit annotation and a metric: what an operator looks at before turning it to `enforce`.
     gpu_quota_enforcement: Literal["enforce", "warn"] = "enforce"
+    # The same choice for the other refusal families (`core.enforcement`): a workload's priority
+    # class or affinity labels outside its project's subset (S1), a Kueue queue or topology unit
+    # that cannot be used (S4), and an owner's label overriding the preemptibility the platform
+    # gives its pods (R3).
+    priority_class_enforcement: Literal["enforce", "warn"] = "enforce"
+    affinity_enforcement: Literal["enforce", "warn"] = "enforce"
+    queue_topology_enforcement: Literal["enforce", "warn"] = "enforce"
+    preemptibility_enforcement: Literal["enforce", "warn"] = "enforce"
     # How long a GPU reservation counts for a pod the pod watch has not shown yet. It covers the
     # watch's lag behind the apiserver; it is short because a review nobody stored (forged, or
     # refused by a later webhook) holds the project's GPUs for that long, and no longer.

@@ -36,6 +36,10 @@ from tests.support.control_plane.install import INSTALL_NS, SERVICE_ACCOUNT_USER
 KUBECONFIG_ENV = "SCHEDULING_WEBHOOK_E2E_KUBECONFIG"  # a cluster with the install
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 PRIORITY_CLASSES = [("batch", 1000, "Never"), ("normal", 10000, None), ("urgent", 100000, None)]
+# A ServiceAccount whose requests the apiserver's audit log keeps beside the replicas': a test that
+# reads what the apiserver recorded of a request it makes (its audit annotations) makes it as this one.
+AUDITED_CREATOR = ("default", "audited-creator")
+AUDITED_CREATOR_USER = f"system:serviceaccount:{AUDITED_CREATOR[0]}:{AUDITED_CREATOR[1]}"
 Obj = dict[str, Any]
 
 
@@ -152,7 +156,7 @@ def real_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     # Not under pytest's basetemp (kept for three runs): teardown leaves no folder behind.
     dir = Path(tempfile.mkdtemp(prefix="swh-control-plane-"))
     try:
-        with control_plane(dir, audited_users=(SERVICE_ACCOUNT_USER,)) as cp:
+        with control_plane(dir, audited_users=(SERVICE_ACCOUNT_USER, AUDITED_CREATOR_USER)) as cp:
             version = cp.kubectl("version").stdout.replace("\n", "; ")
             timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
             _report(

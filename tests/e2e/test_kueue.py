@@ -7,7 +7,8 @@ kube-scheduler and kwok's nodes: the product with `kueue_installed: "true"` and 
   the topology domain Kueue assigned.
 - A 3-replica Deployment choosing `host` is one Kueue pod group: one Workload, one domain, one node.
 - A wrong queue or unit, or a namespace without a LocalQueue, is refused at `kubectl apply` with
-  what to change, instead of pods gated for good.
+  what to change, instead of pods gated for good; with `queue_topology_enforcement: warn` a unit
+  that is none is admitted with a warning, and the pod runs through Kueue without it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ import yaml
 
 from tests.e2e.conftest import Cluster, Obj, broken_install
 from tests.e2e.runai_steps import admin_token, call_server
+from tests.e2e.test_warn_mode import (
+    ADMITTED_BY,
+    audited_creator,
+    counted,
+    created_audit,
+    until_admitted,
+    until_refused,
+)
 from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.install import Install
 from tests.support.control_plane.kueue import (
@@ -378,3 +387,38 @@ async def test_a_kueue_pods_queue_and_group_stay_as_admitted(cluster: Cluster, k
     stored = (await cluster.get(*target[:2], project))["metadata"]
     assert stored["labels"][QUEUE] == TEAM and stored["labels"][GROUP] == group, stored
     await cluster.ok("label", *target, "team=blue")
+
+
+async def test_a_unit_the_queue_cannot_place_warns_then_is_refused(cluster: Cluster, kueue: Kueue) -> None:
+    """`queue_topology_enforcement: warn`: a notebook choosing a unit that is none is stored with the
+    project's queue and no required topology, so Kueue admits and runs it; kubectl prints the
+    would-be refusal, the audit log has it and the metric counts the pod once (the mutating
+    webhook is called twice for it, Kueue's webhook changing the pod after ours). Switched to
+    `enforce`, the next one is refused."""
+    local = cluster.needs_local("reads the replicas' metrics and the audit log")
+    project = await kueue_project(cluster, kueue, "kwarn")
+    creator = await audited_creator(cluster, local, project)
+    said = "topology rack is not a topology unit"
+    try:
+        await cluster.settings(queue_topology_enforcement="warn")
+        since = local.cp.audit.mark()
+        warned = await until_admitted(cluster, creator, yaml.safe_dump(notebook("nb-rack", project, "rack")), said)
+        assert ADMITTED_BY.format(key="queue_topology_enforcement") + said in warned.stderr, str(warned)
+        stored = await cluster.get("pod", "nb-rack", project)
+        assert stored["metadata"]["labels"][QUEUE] == TEAM and REQUIRED not in stored["metadata"]["annotations"]
+        await cluster.eventually(
+            lambda: running_pods(cluster, project, "hopsworks.ai/workload-type=notebook", 1), "the notebook Running", 60
+        )
+        assert counted(local, "queue-topology", project) == 1
+        audit = created_audit(local, since, "pods", project)
+        assert said in audit.get("mutate-pods.scheduling.hopsworks.ai/would-refuse", ""), audit
+        # The apiserver called our mutating webhook again after Kueue's changed the pod (round 1).
+        again = [v for k, v in audit.items() if k.startswith("mutation.webhook.admission.k8s.io/round_1")]
+        assert any('"webhook":"mutate-pods.scheduling.hopsworks.ai"' in v for v in again), audit
+
+        await cluster.settings(queue_topology_enforcement="enforce")
+        again = yaml.safe_dump(notebook("nb-next", project, "rack"))
+        refused = await until_refused(cluster, creator, again, "pod", "nb-next", project)
+        assert refused.stderr.startswith("Error from server (Forbidden)") and said in refused.stderr, str(refused)
+    finally:
+        await cluster.settings(queue_topology_enforcement="enforce")

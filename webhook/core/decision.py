@@ -41,6 +41,9 @@ class Decision:
     patch: tuple[dict[str, Any], ...] = ()  # RFC 6902 operations
     warnings: tuple[str, ...] = ()
     audit: Mapping[str, str] = field(default_factory=dict)  # auditAnnotations, keys without prefix
+    # The refusal families admitted only because the settings put them in warn (`core.enforcement`),
+    # for the shell to count.
+    would_refuse: tuple[str, ...] = ()
 
     @classmethod
     def allow(

@@ -18,7 +18,7 @@ Recreate rollout can fill a group, so any other strategy is refused with what to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
@@ -178,7 +178,8 @@ def _mutate(
     if queue is not None:
         owner_patch.set_label(KUEUE_QUEUE_LABEL, queue)
     ops = owner_patch.operations() + [_under("/spec/template", op) for op in template_patch.operations()]
-    return Decision.allow(warnings=decision.warnings, audit=decision.audit, patch=ops)
+    allowed = Decision.allow(warnings=decision.warnings, audit=decision.audit, patch=ops)
+    return replace(allowed, would_refuse=decision.would_refuse)
 
 
 def _rollout_refusal(target: OwnerRequest, unit: str) -> str | None:

@@ -14,6 +14,7 @@ import orjson
 
 from webhook.core.choices import not_allowed, resolve_affinity, resolve_priority_class
 from webhook.core.decision import Decision, Reason
+from webhook.core.enforcement import AFFINITY, PRIORITY_CLASS, QUEUE_TOPOLOGY, WouldRefuse, warns, with_would_refuse
 from webhook.core.kinds import pod_kind
 from webhook.core.namespace_plan import (
     Grouped,
@@ -168,7 +169,7 @@ def parse_label_list(raw: Any) -> list[str]:
 @dataclass(slots=True)
 class _Mutation:
     """One pod's pass through the rules: what they read, and the patch, audit annotations,
-    refusals and warnings they add up."""
+    refusals, would-be refusals (`core.enforcement`) and warnings they add up."""
 
     target: PodTarget
     plan: NamespacePlan  # what the namespace's pods get when they choose nothing
@@ -178,9 +179,19 @@ class _Mutation:
     warnings: list[str]
     audit: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    would_refuse: list[WouldRefuse] = field(default_factory=list)
     # What a refusal answers: a policy refusal, unless a rule says the pod may be created again.
     code: int = 403
     reason: Reason = Reason.FORBIDDEN
+
+    def refuse(self, family: str, message: str) -> bool:
+        """A refusal of `family`: kept, or with the family in warn mode a would-be refusal. True
+        when the rule carries on as if the choice were allowed."""
+        if warns(self.snapshot.settings, family):
+            self.would_refuse.append((family, message))
+            return True
+        self.errors.append(message)
+        return False
 
 
 def mutate_pod(
@@ -220,16 +231,18 @@ def mutate_target(
         _kueue_off(m)
 
     if m.errors:
-        return Decision.deny("; ".join(m.errors), code=m.code, reason=m.reason, warnings=m.warnings), m.patch
+        refused = Decision.deny("; ".join(m.errors), code=m.code, reason=m.reason, warnings=m.warnings)
+        return with_would_refuse(refused, m.would_refuse), m.patch
     # Made directly: the audit map is this mutation's own, so it needs no copy (Decision.allow's).
-    return Decision(True, "", 200, None, tuple(m.patch.operations()), tuple(m.warnings), m.audit), m.patch
+    decision = Decision(True, "", 200, None, tuple(m.patch.operations()), tuple(m.warnings), m.audit)
+    return with_would_refuse(decision, m.would_refuse), m.patch
 
 
 # -- S1/S2: node labels ------------------------------------------------------------------------
 def _node_affinity(m: _Mutation) -> None:
     annotations = m.target.annotations
     if AFFINITY_ANNOTATION in annotations or ANTI_AFFINITY_ANNOTATION in annotations:
-        affinity, anti_affinity = _node_labels(m.target, m.offer, m.errors)
+        affinity, anti_affinity = _node_labels(m)
         if m.errors or not (affinity or anti_affinity):
             return
         groups, excluded, audit = grouped(affinity), grouped(anti_affinity), affinity_audit(affinity, anti_affinity)
@@ -251,9 +264,11 @@ def _node_affinity(m: _Mutation) -> None:
     m.audit.update(audit)
 
 
-def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -> tuple[list[str], list[str]]:
+def _node_labels(m: _Mutation) -> tuple[list[str], list[str]]:
     """The workload's affinity labels when it chose, else the offer's defaults (the project's,
-    else the cluster's)."""
+    else the cluster's). Labels outside the offer are kept when affinity is in warn mode; an
+    annotation that cannot be read is refused in every mode."""
+    target, offer, errors = m.target, m.offer, m.errors
     chosen: list[list[str]] = []
     for annotation, anti in ((AFFINITY_ANNOTATION, False), (ANTI_AFFINITY_ANNOTATION, True)):
         values: list[str] | None = None
@@ -266,7 +281,7 @@ def _node_labels(target: PodTarget, offer: SchedulingOffer, errors: list[str]) -
                 continue
         resolved = resolve_affinity(offer, values, anti=anti)
         if resolved.error:
-            errors.append(resolved.error)
+            m.refuse(AFFINITY, resolved.error)
         chosen.append(list(resolved.value))
     return chosen[0], chosen[1]
 
@@ -408,7 +423,7 @@ def _priority(m: _Mutation) -> None:
         # So that class counts as not chosen and yields to the project default; a workload that
         # wants it anyway says so with the annotation.
         chosen = None
-    if chosen is not None and not isinstance(chosen, str):  # what a hostile pod may write
+    if chosen is not None and not isinstance(chosen, str):  # what a hostile pod may write: refused in every mode
         m.errors.append(not_allowed("priority class", [str(chosen)], allowed, m.target.namespace.name))
         return
     if chosen is None:  # the project's or the cluster's default, resolved once per namespace
@@ -419,10 +434,12 @@ def _priority(m: _Mutation) -> None:
             return
     else:
         resolved = resolve_priority_class(m.offer, chosen)
+        name = resolved.value
         if resolved.error:
-            m.errors.append(resolved.error)
-            return
-        if resolved.value is None or (priority_class := classes.get(resolved.value)) is None:
+            if not m.refuse(PRIORITY_CLASS, resolved.error):
+                return
+            name = chosen  # in warn mode the workload's own class, as if the project offered it
+        if name is None or (priority_class := classes.get(name)) is None:
             return
     # S3: the Priority admission plugin ran before us, so priority must follow the class we set.
     m.patch.set_spec("priorityClassName", priority_class.name)
@@ -447,7 +464,9 @@ def _kueue(m: _Mutation) -> None:
     m.warnings.extend(resolved.warnings)
     for part in (resolved.queue, resolved.topology):
         if part.error is not None:
-            m.errors.append(part.error)
+            # In warn mode a queue or unit that cannot be used is not set (the pod keeps what it
+            # named itself): a label naming it would leave the pod waiting in Kueue for good.
+            m.refuse(QUEUE_TOPOLOGY, part.error)
     queue = resolved.queue.value
     if queue is None:
         return

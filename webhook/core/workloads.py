@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.core.decision import Decision, Reason
+from webhook.core.enforcement import PREEMPTIBILITY, warns, with_would_refuse
 from webhook.core.gpu_sharing import gpu_sharing_error
 from webhook.core.kinds import classify_workload, dra_claims, kai_owner, pod_gpu_request
 from webhook.core.owners import scale_refusal, statefulset_warning
@@ -131,48 +132,53 @@ def demand(
 
 def owner_label_error(
     obj: Mapping[str, Any], kind: str, pod_kind: str | None, settings: ClusterSettings, queue: str | None
-) -> str | None:
+) -> tuple[str | None, str] | None:
     """Run:ai reads a pod's preemptibility, its priority class and its queue from the pod's owners
     before the pod (`kinds.kai_owner`): an owner label that says otherwise than the pods are
     labelled would win over ours. A CronJob's Jobs carry its job template's labels and
-    annotations, and Run:ai reads a CronJob's pods from their Job, so those are read too."""
+    annotations, and Run:ai reads a CronJob's pods from their Job, so those are read too.
+
+    (family, message): the family is `PREEMPTIBILITY` for a label overriding the preemptibility
+    or Run:ai priority class the platform gives (warn mode may admit it), None for a refusal of
+    every mode (another project's queue, the pod grouper kept away)."""
     metas = [_map(obj.get("metadata"))]
     if kind == "CronJob":
         metas.append(_map(_map(_map(obj.get("spec")).get("jobTemplate")).get("metadata")))
     for meta in metas:
-        error = _owner_meta_error(meta, pod_kind, settings, queue)
-        if error is not None:
-            return error if meta is metas[0] else f"its job template's {error}"
+        found = _owner_meta_error(meta, pod_kind, settings, queue)
+        if found is not None:
+            family, error = found
+            return family, error if meta is metas[0] else f"its job template's {error}"
     return None
 
 
 def _owner_meta_error(
     meta: Mapping[str, Any], pod_kind: str | None, settings: ClusterSettings, queue: str | None
-) -> str | None:
+) -> tuple[str | None, str] | None:
     labels = _map(meta.get("labels"))
     runai = settings.scheduler.runai
     said = labels.get(runai.preemptibility_label) if runai.preemptibility_label else None
     wanted = intended(pod_kind, settings)
     if said is not None and said != wanted:
-        return (
+        return PREEMPTIBILITY, (
             f"label {runai.preemptibility_label}={str(said)[:60]} on this object would make Run:ai treat its pods "
             f"({pod_kind or 'of no known kind'}) as {said}; the platform makes them {wanted}: remove the label"
         )
     named = labels.get(RUNAI_PRIORITY_LABEL)
     ours = runai.priority_classes.get(pod_kind or "unknown")
     if named is not None and not runai.preemptibility_label and named != ours:
-        return (
+        return PREEMPTIBILITY, (
             f"label {RUNAI_PRIORITY_LABEL}={str(named)[:60]} on this object would give its pods Run:ai priority class "
             f"{named} instead of {ours}: remove the label"
         )
     owner_queue = labels.get(RUNAI_QUEUE_LABEL)
     if owner_queue is not None and owner_queue != queue:
-        return (
+        return None, (
             f"label {RUNAI_QUEUE_LABEL}={str(owner_queue)[:63]} on this object would put its pods in that Run:ai queue "
             f"instead of {queue or 'the one of this project'}: remove the label"
         )
     if str(_map(meta.get("annotations")).get(SKIP_POD_GROUPER_ANNOTATION, "")) == "true":
-        return (
+        return None, (
             f"annotation {SKIP_POD_GROUPER_ANNOTATION}: true keeps Run:ai's pod grouper away from its pods, and so "
             "the preemptibility the platform gives them: remove the annotation"
         )
@@ -308,7 +314,32 @@ def validate_workload(
         return Decision.deny(f"GPU request in the pod template: {exc}", code=400, reason=Reason.INVALID)
     labelled = owner_label_error(target.owner, target.kind, new.kind, settings, namespace.runai_queue)
     if labelled is not None:
-        return Decision.deny(f"{target.kind} {target.name}: {labelled}", code=403, reason=Reason.FORBIDDEN)
+        family, error = labelled
+        message = f"{target.kind} {target.name}: {error}"
+        if family is None or not warns(settings, family):
+            return Decision.deny(message, code=403, reason=Reason.FORBIDDEN)
+        # In warn mode the quota is still checked, as with an owner that carries no such label. An
+        # update of an owner that said the same before is not counted again: controllers update
+        # the objects they own (a Deployment's revision annotation) without anyone asking for it.
+        before = None
+        if target.old is not None:
+            before = owner_label_error(
+                target.old, target.kind, old.kind if old else new.kind, settings, namespace.runai_queue
+            )
+        decision = _demand_decision(target, namespace, snapshot, new, old, now)
+        return with_would_refuse(decision, [(family, message)], count=before != labelled)
+    return _demand_decision(target, namespace, snapshot, new, old, now)
+
+
+def _demand_decision(
+    target: WorkloadRequest,
+    namespace: NamespaceInfo,
+    snapshot: ClusterSnapshot,
+    new: Demand,
+    old: Demand | None,
+    now: float,
+) -> Decision:
+    """The owner's GPUs against its project's quota (R3)."""
     if new.quota_checked and new.claims and new.replicas > 0:
         what = f"the pods of {target.kind} {target.name}"
         return Decision.deny(uncounted_claims_message(what, list(new.claims)), code=403, reason=Reason.FORBIDDEN)

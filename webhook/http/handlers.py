@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.admission import is_dry_run
 from webhook.core.decision import AdmissionHandler, Decision, Reason
-from webhook.core.enforcement import as_warning, warned_family
+from webhook.core.enforcement import MUTATION_FAMILIES, as_warning, warned_family, warns
 from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
@@ -54,32 +54,48 @@ class ClusterParts:
 
 
 def admission_handlers(
-    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None
+    state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None = None, clock: Callable[[], float] = time.time
 ) -> dict[str, AdmissionHandler]:
     """The admission endpoints and their handlers. `/validate/workloads` decides from the caches
-    either way: a scale without a template passes with a warning and its pods are checked one by one."""
+    either way: a scale without a template passes with a warning and its pods are checked one by one.
+    The validating webhooks, called once per request, turn and count what warn mode admits."""
     handlers = _handlers(state, guard, cluster)
-    for path in ("/validate/pods", "/validate/workloads"):
-        handlers[path] = warning_instead(state, handlers[path])
+    handlers["/validate/pods"] = warn_mode(state, handlers["/validate/pods"], clock, pods=True)
+    handlers["/validate/workloads"] = warn_mode(state, handlers["/validate/workloads"], clock)
     return {path: logging_review_uid(handler) for path, handler in handlers.items()}
 
 
-def warning_instead(
-    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time
+def warn_mode(
+    state: ClusterState, handler: AdmissionHandler, clock: Callable[[], float] = time.time, pods: bool = False
 ) -> AdmissionHandler:
-    """`handler`, with a refusal of a family the settings put in warn mode admitted, as a warning
-    and an audit annotation, and counted (`core.enforcement`, `metrics.WOULD_REFUSE`)."""
+    """`handler`, with warn mode (`core.enforcement`) carried out: a refusal the settings put in
+    warn by its reason (GPU quota) admitted as a warning and an audit annotation, and each family
+    of an admitted request's would-be refusals counted per project (`metrics.WOULD_REFUSE`).
+
+    `pods`: the pod mutation's families are counted here too, judged again on the pod as it will
+    be stored. The apiserver calls a validating webhook once per request, but the mutating one
+    again when a later webhook changed the pod, and a pod refused after its mutation was never
+    admitted. kubectl and the audit log have those from the mutating webhook already."""
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         decision = await handler(request)
-        if decision.allowed:
-            return decision
-        family = warned_family(decision, state.snapshot().settings)
-        if family is None:
-            return decision
-        if not is_dry_run(request):  # counted when it would have kept something out of the cluster
-            WOULD_REFUSE_RECENT.record(family, request_namespace(request), clock())
-        return as_warning(decision, family)
+        if decision.allowed and not pods and not decision.would_refuse:
+            return decision  # the common case, with nothing more to read
+        snapshot = state.snapshot()
+        if not decision.allowed:
+            family = warned_family(decision, snapshot.settings)
+            if family is None:
+                return decision
+            decision = as_warning(decision, family)
+        judged_again = pods and any(warns(snapshot.settings, family) for family in MUTATION_FAMILIES)
+        if judged_again and (families := mutate_pod(request, snapshot).would_refuse):
+            decision = replace(decision, would_refuse=(*families, *decision.would_refuse))
+        # Counted when it would have kept something out of the cluster: not a dry run.
+        if decision.would_refuse and not is_dry_run(request):
+            project, now = request_namespace(request), clock()
+            for family in dict.fromkeys(decision.would_refuse):
+                WOULD_REFUSE_RECENT.record(family, project, now)
+        return decision
 
     return handle
 
