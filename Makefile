@@ -93,6 +93,7 @@ bench: $(STAMP) peers
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster
 	$(BIN)/python -m bench.connection_attacks --connections 1200 --tries 100
+	$(BIN)/python -m bench.hostile_review
 	$(MAKE) bench-instructions BENCH_ARGS=
 
 # Pod creation through the real apiserver with and without the webhooks (bench/real_cluster.py).

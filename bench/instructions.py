@@ -18,7 +18,7 @@ and made the figure depend on how busy the machine was.
   b_base  with --baseline DIR: (b) served by DIR's webhook package, for before/after
 
 Needs valgrind (`apt-get install valgrind`); takes about a minute per scenario. Exits 1 when
-b/a or c/a is above the budget (`--budget`, default BUDGET: issue 22's 1.15), so `make bench`
+b/a or c/a is above the budget (`--budget`, default BUDGET: 1.15), so `make bench`
 fails when a change makes a review costlier than that.
 """
 
@@ -40,11 +40,11 @@ from bench.run import PYTHON, RESULTS, ROOT, free_port, post, terminate, wait_re
 from bench.workload import kueue_state, make_certs, mutate_body, runai_state, validate_body
 
 TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
-# Issue 22: a review may cost at most this many times what the bare aiohttp TLS server's does.
+# A review may cost at most this many times what the bare aiohttp TLS server's does.
 BUDGET = 1.15
 GUARDED = ("b/a", "c/a")
-# The short load: its 8 handshakes and a few answers (it used to be a third of the long one, whose
-# answers a busy machine could make fewer than the short one's).
+# The short load: its 8 handshakes and a few answers. A fixed short time, not a fraction of the
+# long load: on a busy machine a fraction could answer fewer requests than the short load did.
 SHORT_LOAD_S = 0.2
 
 

@@ -180,7 +180,7 @@ async def test_admin_api_department_delete_reports_moved_failed_and_remaining(
 
 
 async def test_deleting_a_department_no_project_is_in_is_404(env: Env, https_server: StartHttpsServer) -> None:
-    # Issue 21.4: it answered 200, "department nosuch: 0 project(s) moved".
+    # A 404, not a 200 saying "department nosuch: 0 project(s) moved": a typo must not look done.
     env.project_ns("a1", department="ml", runai_department="ml")
     srv = await _serve(env, https_server)
     status, answer = await _call(srv, "DELETE", "/api/v1/admin/departments/nosuch")

@@ -589,7 +589,7 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
         get = c[probe]["httpGet"]
         assert (get["path"], get["scheme"]) == (path, "HTTPS")
         assert get["port"] == "probes"  # the probe port: no client certificate asked, a cap of its own
-    # Issue 10.6: the first lists of a large cluster take minutes; liveness must not cut them short.
+    # The first lists of a large cluster take minutes; liveness must not cut them short.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert startup["httpGet"]["port"] == "probes"

@@ -129,8 +129,8 @@ async def test_admin_cli_against_folder_mode_says_it_needs_cluster_mode(
 
 
 async def test_folder_mode_answers_only_a_loopback_host_and_sends_no_hsts(https_server: StartHttpsServer) -> None:
-    # Issue 21.4: any Host was answered, so a page re-pointing its own name at 127.0.0.1 (DNS
-    # rebinding) could read the folder's projects through a browser on this machine.
+    # Only loopback Host names are answered: otherwise a page re-pointing its own name at 127.0.0.1
+    # (DNS rebinding) could read the folder's projects through a browser on this machine.
     state = ClusterState("hopsworks")
     load_into(state, CLUSTER)
     from webhook.local_mode import folder_mode_routes

@@ -127,7 +127,7 @@ async def test_sign_in_keeps_only_who_signed_in_in_an_encrypted_session_cookie(s
         assert page.status == 200 and "Project <span" in await page.text()
         assert "default-src 'none'" in page.headers["Content-Security-Policy"]
         assert page.headers["Cache-Control"] == "private, no-store"
-        assert page.headers["Strict-Transport-Security"] == "max-age=31536000"  # issue 21.4
+        assert page.headers["Strict-Transport-Security"] == "max-age=31536000"
 
 
 async def test_a_bad_token_is_not_signed_in(served: Served) -> None:
@@ -350,7 +350,7 @@ def test_every_status_gets_a_warning_that_says_what_to_do(warning: GpuWarning, t
 async def test_the_admin_page_warns_while_run_ais_admission_is_down(
     tmp_path: Path, https_server: StartHttpsServer
 ) -> None:
-    # Issue 19: the Deployments' watch (tests/test_runai_admission_health.py) feeds the same store.
+    # The Deployments' watch (tests/test_runai_admission_health.py) feeds the same store.
     down = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

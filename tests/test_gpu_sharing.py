@@ -1,4 +1,4 @@
-"""Run:ai's GPU-sharing grammar, as KAI-Scheduler's admission validates it (issue 19).
+"""Run:ai's GPU-sharing grammar, as KAI-Scheduler's admission validates it.
 
 The cases of KAI v0.17.0's own validator tests (`pkg/binder/plugins/gpusharing/gpu-request/
 gpu_request_validator_test.go`, `pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing_test.go`),

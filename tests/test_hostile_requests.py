@@ -1,7 +1,7 @@
-"""Issue 10: one hostile request must cost little, keep nothing, and get a clear 4xx, over real HTTPS.
+"""One hostile request must cost little, keep nothing, and get a clear 4xx, over real HTTPS.
 
-Each test reproduces a finding of the issue (items 2, 3 and 9) against the server as the apiserver
-calls it; the hypothesis-driven storm over the same cases is in tests/test_robustness.py.
+Each test sends one kind of hostile review to the server as the apiserver calls it; the
+hypothesis-driven storm over the same cases is in tests/test_robustness.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import time
 from typing import Any
 
 import pytest
@@ -58,32 +57,26 @@ def with_terms(terms: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
 
 
 # -- item 2: bounded CPU per review ------------------------------------------------------------
-async def test_ten_thousand_node_selector_terms_are_refused_at_once_and_healthz_stays_live(
+async def test_ten_thousand_node_selector_terms_are_refused_on_their_count_and_healthz_answers_meanwhile(
     https_server: StartHttpsServer,
 ) -> None:
-    # Before the fix the terms were de-duplicated pairwise before the limit was checked: 9.3 s of
-    # event loop (2.4 s CPU on an idle machine), and /healthz waited all that time.
+    # The count of terms is checked before any term is compared with another; what that costs next
+    # to an ordinary review is bench/hostile_review.py's ratio, not a bound in seconds here.
     srv = await https_server(make_app())
     terms = [{"matchExpressions": [{"key": f"k{i}", "operator": "In", "values": [f"v{i}"]}]} for i in range(10_000)]
     body = json.dumps(with_terms(terms, annotations={AFFINITY: ZONE})).encode()
     assert len(body) > 700_000
 
-    async def healthz_latency() -> float:
+    async def healthz() -> int:
         await asyncio.sleep(0.02)  # while the review is being decided
-        started = time.perf_counter()
         async with srv.new_session() as session, session.get(srv.url("/healthz")) as resp:
-            assert resp.status == 200
-        return time.perf_counter() - started
+            return resp.status
 
-    started = time.perf_counter()
-    (status, answer), health_s = await asyncio.gather(post(srv, "/mutate/pods", body), healthz_latency())
-    elapsed = time.perf_counter() - started
-    assert status == 200
+    (status, answer), health = await asyncio.gather(post(srv, "/mutate/pods", body), healthz())
+    assert status == 200 and health == 200
     response = answer["response"]
     assert not response["allowed"] and response["status"]["code"] == 403
     assert "10000 terms, more than the limit of 16" in response["status"]["message"]
-    assert elapsed < 1.0, elapsed  # well under: about 0.1 s here, and it was 9.3 s
-    assert health_s < 1.0, health_s
 
 
 # -- item 3: nothing kept per request, bounded annotations, short audit annotations -------------
@@ -287,7 +280,7 @@ def test_a_patch_cannot_be_made_much_larger_than_the_limits() -> None:
     assert f"{MAX_RESULT_EXPRESSIONS} match expressions" in decision.message
 
 
-# -- issue 21.4: answers that echo a caller's text are never sniffed, errors never stored ----------
+# -- answers that echo a caller's text are never sniffed, errors never stored ----------------------
 async def test_answers_say_nosniff_and_error_answers_no_store(https_server: StartHttpsServer) -> None:
     srv = await https_server(make_app())
     async with srv.session.post(srv.url("/mutate/pods"), json=pod_review("churn")) as resp:

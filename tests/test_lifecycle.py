@@ -304,9 +304,8 @@ async def test_settings_edited_in_the_state_folder_apply_without_restart(server:
 
 
 async def test_serve_starts_on_the_defaults_when_kueue_and_runai_are_both_on(tmp_path: Path) -> None:
-    # Issue 10.6: this used to exit 2, and with it went the settings webhook that must let the
-    # fixing edit through. Now the defaults serve (neither on) and the process says why, in the
-    # log, on /readyz and on /metrics.
+    # Exiting would take down the settings webhook that must let the fixing edit through, so the
+    # defaults serve (neither on) and the process says why, in the log, on /readyz and on /metrics.
     state = copy_state(tmp_path)
     edit_settings(state, kueue_installed="true", run_ai_enable="true")
     certs = make_cert_files(tmp_path / "certs")

@@ -201,7 +201,7 @@ def test_messages_say_why() -> None:
     assert isinstance(invalid, Refused) and "'Bad_Name' is not a valid name" in invalid.message
 
 
-# -- when a recorded move whose holder may be gone is taken over (issue 21, item 6) --------------
+# -- when a recorded move whose holder may be gone is taken over ------------------------------------
 
 NOW = 1_000_000.0
 TAKEOVER_CASES = [

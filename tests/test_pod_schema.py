@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +393,73 @@ def test_whatever_the_schema_takes_decodes_as_the_full_path(pod: dict[str, Any],
     version, full = parse_review(body)
     assert typed == (version, without_dropped(full))
     assert object_errors(full) is None
+
+
+# -- the schema's types against the object shape -------------------------------------------------
+# A review the schema takes must be one whose pod passes `object_errors`: every field the pod's
+# shape (`admission.SHAPES["Pod"]`) names is typed in the schema at least as strictly as the shape
+# asks. Walked field by field, so that a field added to the shape and not to the schema fails here.
+
+
+def _stricter_or_equal(hint: Any, shape: Any, where: str) -> list[str]:
+    from typing import get_args, get_origin, get_type_hints, is_typeddict
+
+    from webhook.admission import QUANTITY, STRING, Fields, ListOf, MapOf
+
+    if get_origin(hint) is typing.Union or isinstance(hint, types.UnionType):
+        # `X | None` (an object or oldObject that may be null) holds the shape when X does.
+        args = [a for a in get_args(hint) if a is not type(None)]
+        hint = args[0] if len(args) == 1 else hint
+    if shape == STRING:
+        return [] if hint is str else [f"{where}: typed {hint}, the shape asks for a string"]
+    if isinstance(shape, MapOf):
+        if get_origin(hint) is not dict:
+            return [f"{where}: typed {hint}, the shape asks for a map"]
+        value = get_args(hint)[1]
+        if shape.values == STRING and value is not str:
+            return [f"{where}: values typed {value}, the shape asks for strings"]
+        if shape.values == QUANTITY and set(get_args(value) or (value,)) - {str, int, float}:
+            return [f"{where}: values typed {value}, the shape asks for quantities"]
+        return []
+    if isinstance(shape, ListOf):
+        if get_origin(hint) is not list:
+            return [f"{where}: typed {hint}, the shape asks for a list"]
+        return _stricter_or_equal(get_args(hint)[0], shape.item, f"{where}[]")
+    assert isinstance(shape, Fields)
+    if get_origin(hint) is dict and not shape.fields:
+        return []
+    if not is_typeddict(hint):
+        return [f"{where}: typed {hint}, the shape asks for an object"]
+    hints = get_type_hints(hint)
+    problems = []
+    for key, child in shape.fields:
+        if key not in hints:
+            problems.append(f"{where}.{key}: not in the schema, which would skip a field the shape checks")
+        else:
+            problems.extend(_stricter_or_equal(hints[key], child, f"{where}.{key}"))
+    return problems
+
+
+def test_the_schema_types_every_field_of_the_pod_shape_at_least_as_strictly() -> None:
+    from webhook.admission import SHAPES
+    from webhook.pod_schema import PodIn
+
+    assert _stricter_or_equal(PodIn, SHAPES["Pod"], "pod") == []
+
+
+class _LenientSpec(typing.TypedDict, total=False):
+    priorityClassName: Any
+
+
+class _LenientPod(typing.TypedDict, total=False):
+    metadata: dict[str, Any]
+    spec: _LenientSpec
+
+
+def test_the_walk_of_the_types_sees_a_lenient_field() -> None:
+    from webhook.admission import SHAPES
+
+    problems = _stricter_or_equal(_LenientPod, SHAPES["Pod"], "pod")
+    assert "pod.metadata: typed dict[str, typing.Any], the shape asks for an object" in problems
+    assert "pod.spec.priorityClassName: typed typing.Any, the shape asks for a string" in problems
+    assert "pod.spec.containers: not in the schema, which would skip a field the shape checks" in problems

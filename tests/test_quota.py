@@ -290,7 +290,7 @@ CASES = [
         reason="Invalid",
     ),
     Case(
-        "issue 10.5: a fraction on 1e999999 devices (NaN GPUs) is a 400 naming the annotation",
+        "a fraction on 1e999999 devices (NaN GPUs) is a 400 naming the annotation",
         gpus=None,
         annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1e999999"},
         allowed=False,
@@ -298,7 +298,7 @@ CASES = [
         message=("gpu-fraction-num-devices",),
     ),
     Case(
-        "issue 10.5: an overflowing fraction is a 400",
+        "an overflowing fraction is a 400",
         gpus=None,
         annotations={"gpu-fraction": "1e999999999"},
         allowed=False,
@@ -375,7 +375,7 @@ CASES = [
         message=("first ownerReference is ConfigMap cm",),
     ),
     Case(
-        "issue 10.5: a job's unreadable GPU request is refused too (it would be cached as NaN)",
+        "a job's unreadable GPU request is refused too (it would be cached as NaN)",
         labels={"job-name": "train"},
         gpus=None,
         annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1.5"},
@@ -443,7 +443,7 @@ def test_gpu_quantities_parse_like_kubernetes(raw: object, expected: float) -> N
     "raw",
     [
         "", "-1", "1x", "1e", "nan", True, float("nan"), -2, "Mi", "inf", "Infinity", "0x10", "1_000",
-        # issue 10.5: what used to overflow Decimal, or become inf or NaN, or pass as a digit
+        # values that would overflow Decimal, or become inf or NaN, or pass as a digit
         "1e999999999", "1e999999", "1" + "0" * 400, "9" * 5_000, 10**5_000, float("inf"), "1e41",
         "\uff11", "\u0663", "1\u00a0", None, [], {"a": 1},
     ],
@@ -472,7 +472,7 @@ def test_gpu_quantities_beyond_any_node_are_refused_with_the_field() -> None:
     ],
 )
 def test_a_cached_pod_with_an_unreadable_gpu_request_counts_conservatively(annotations: dict[str, str]) -> None:
-    # issue 10.1/10.5: the pod is kept, counted as the most a pod may ask for (never NaN, never 0),
+    # The pod is kept, counted as the most a pod may ask for (never NaN, never 0),
     # the other pods still count, and the metric says how many such pods there are.
     from webhook.core.kinds import UNREADABLE_POD_GPUS
     from webhook.metrics import REGISTRY

@@ -30,11 +30,11 @@ from tests.support.reviews import admitted_labels, owned_by, pod_review
 from tests.support.scope_clients import webhook_client_config
 from webhook.core.decision import AdmissionHandler, Decision, Reason
 from webhook.core.quota import validate_pod
+from webhook.http.pod_webhook import mutate_pods_handler, validate_pods_handler
 from webhook.kube.api import KubeApi
 from webhook.kube.watch import WatchTiming
-from webhook.quota import GpuReservations, configmap_name, validate_pods_handler
+from webhook.quota import GpuReservations, configmap_name
 from webhook.quota.reservations import NAMESPACE_ANNOTATION, RESERVATIONS_LABEL, WATCH_NAME
-from webhook.runai.admission import mutate_pods_handler
 from webhook.snapshot import RunaiProjectInfo
 from webhook.state.store import ClusterState
 

@@ -674,6 +674,7 @@ def intent(by: str, age_s: float) -> str:
     return json.dumps({"state": "creating", "by": by, "at": time.time() - age_s})
 
 
+@pytest.mark.slow
 async def test_leader_failover_mid_bind(kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]) -> None:
     failover = kube.name("failover")
     await put_settings(kube, runai)

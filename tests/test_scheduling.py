@@ -501,7 +501,7 @@ def test_s5_pods_wait_for_a_fresh_binding_to_settle(now: float | None, seen_at: 
         assert "moments ago" in decision.message and "again" in decision.message
 
 
-# -- a namespace this replica has not seen yet (issue 21, item 5) -------------------------------
+# -- a namespace this replica has not seen yet ---------------------------------------------------
 
 
 def _request(namespace: str, **changes: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The /validate/pods path's shortcuts give the answers of the full reads they skip (issue 22).
+"""The /validate/pods path's shortcuts give the answers of the full reads they skip.
 
 `pod_gpu_request` passes over containers asking for CPU, memory or ephemeral storage alone before
 reading them in full, `runai_pod_refusal` lets a pod without owners or any annotation it reads

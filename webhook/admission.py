@@ -7,7 +7,8 @@ dicts the decision functions read, so nothing unknown is lost or re-serialised.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Required, cast
 
 import msgspec
@@ -150,262 +151,243 @@ def shorten(text: str, limit: int) -> str:
 # The envelope's schema above checks `object` only shallowly; these checks make every field a rule
 # reads the type it expects before any rule runs, so an odd value is a 400 naming the field instead
 # of an exception deep in a rule. A real apiserver never sends such objects: refusing is safe.
+#
+# The shape rule is written once, as data: `SHAPES`, which field is an object, a list, a string, a
+# map of strings or of quantities, per kind of object. Two checks are made from it for each kind:
+# a yes-or-no function written out as source (`_quick`), which every checked review takes, building
+# no strings, and a walk that names the first bad field (`_compiled`), taken only when the first
+# says no. The pod schema (`webhook.pod_schema`) is the rule's third form, the types msgspec decodes
+# a pod's review against; tests/test_pod_schema.py holds its types to `SHAPES["Pod"]` field by field.
 
-_POD_TEMPLATE_PATHS = {
-    "Pod": (),
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+
+# Leaves: what a value must be. A quantity is what the rules parse as one: a string or a number.
+STRING = "a string"
+QUANTITY = "a quantity"
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """A JSON object; each named field, when present and not null, has its shape. Others are free."""
+
+    fields: tuple[tuple[str, Shape], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListOf:
+    item: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class MapOf:
+    """A JSON object of any keys; `values` STRING or QUANTITY, or None for values of any type (the
+    pod rules read a few keys and cope with any value there, so the rest are not theirs to refuse)."""
+
+    values: str | None
+
+
+Shape = Fields | ListOf | MapOf | str
+
+_STRINGS = MapOf(STRING)
+_ANYTHING = MapOf(None)
+_OBJECT = Fields(())
+_NAMES = tuple((key, STRING) for key in ("name", "namespace", "generateName", "uid", "resourceVersion"))
+
+
+def _metadata(values: MapOf) -> Fields:
+    return Fields((*_NAMES, ("labels", values), ("annotations", values), ("ownerReferences", ListOf(_OBJECT))))
+
+
+_REQUIREMENT = Fields((("key", STRING), ("operator", STRING), ("values", ListOf(STRING))))
+_TERMS = Fields((("nodeSelectorTerms", ListOf(Fields((("matchExpressions", ListOf(_REQUIREMENT)),)))),))
+_NODE_AFFINITY = Fields((("requiredDuringSchedulingIgnoredDuringExecution", _TERMS),))
+_CONTAINER = Fields((("resources", Fields((("limits", MapOf(QUANTITY)), ("requests", MapOf(QUANTITY))))),))
+POD_SPEC = Fields(
+    (
+        ("priorityClassName", STRING),
+        ("containers", ListOf(_CONTAINER)),
+        ("initContainers", ListOf(_CONTAINER)),
+        (
+            "affinity",
+            Fields((("nodeAffinity", Fields((("requiredDuringSchedulingIgnoredDuringExecution", _TERMS),))),)),
+        ),
+    )
+)
+_TEMPLATE = Fields((("metadata", Fields((("labels", _ANYTHING), ("annotations", _ANYTHING)))), ("spec", POD_SPEC)))
+
+
+def _with_template(*path: str) -> Fields:
+    """A pod owner: its pod template at `path`. Its own labels and annotations are any map, as a pod's."""
+    node: Shape = _TEMPLATE
+    for key in reversed(path):
+        node = Fields(((key, node),))
+    assert isinstance(node, Fields)
+    return Fields((("metadata", _metadata(_ANYTHING)), *node.fields))
+
+
+# The object of each kind the rules read; any other kind is `OTHER`.
+OTHER = Fields((("metadata", _metadata(_STRINGS)), ("spec", _OBJECT)))
+SHAPES: dict[str, Fields] = {
+    "Pod": Fields((("metadata", _metadata(_ANYTHING)), ("spec", POD_SPEC))),
+    "Deployment": _with_template("spec", "template"),
+    "StatefulSet": _with_template("spec", "template"),
+    "ReplicaSet": _with_template("spec", "template"),
+    "Job": _with_template("spec", "template"),
+    "CronJob": _with_template("spec", "jobTemplate", "spec", "template"),
+    "ConfigMap": Fields((("metadata", _metadata(_STRINGS)), ("data", _STRINGS), ("spec", _OBJECT))),
 }
 
 
 class _Shape(Exception):
-    """A field of the wrong type; the message names it."""
+    """A value of the wrong type: what it must be, and its path, gathered from the bottom up."""
+
+    def __init__(self, what: str, value: Any, step: str = "") -> None:
+        super().__init__(what)
+        self.what = what
+        self.value = value
+        self.steps = [step] if step else []
+
+    def message(self, where: str) -> str:
+        return f"{where}{''.join(reversed(self.steps))}: must be {self.what}, got {_type_name(self.value)}"
+
+
+_QUANTITY_TYPES = (str, int, float)  # exact types: a boolean is no quantity
+Walk = Callable[[Any], None]
+
+
+def _compiled(shape: Shape) -> Walk:
+    """The walk of `shape`: returns on a good value, raises _Shape naming the first bad one."""
+    if shape == STRING:
+
+        def walk_string(value: Any) -> None:
+            if type(value) is not str:
+                raise _Shape(STRING, value)
+
+        return walk_string
+    if isinstance(shape, MapOf):
+        what = "a map of quantities" if shape.values == QUANTITY else "a map of strings"
+        values = shape.values
+
+        def walk_map(value: Any) -> None:
+            if type(value) is not dict:
+                raise _Shape(what, value)
+            if values == STRING:
+                for name, item in value.items():
+                    if type(item) is not str:
+                        raise _Shape(STRING, item, f"[{shorten(repr(name), 80)}]")
+            elif values == QUANTITY:
+                for name, item in value.items():
+                    if type(item) not in _QUANTITY_TYPES:
+                        raise _Shape(QUANTITY, item, f"[{shorten(repr(name), 80)}]")
+
+        return walk_map
+    if isinstance(shape, ListOf):
+        item_walk = _compiled(shape.item)
+
+        def walk_list(value: Any) -> None:
+            if type(value) is not list:
+                raise _Shape("a list", value)
+            for i, item in enumerate(value):
+                try:
+                    item_walk(item)
+                except _Shape as bad:
+                    bad.steps.append(f"[{i}]")
+                    raise
+
+        return walk_list
+    assert isinstance(shape, Fields)
+    # A string field is checked in place: most fields the rules read are strings.
+    fields = tuple((key, child == STRING, _compiled(child)) for key, child in shape.fields)
+
+    def walk_fields(value: Any) -> None:
+        if type(value) is not dict:
+            raise _Shape("an object", value)
+        for key, is_string, walk in fields:
+            field = value.get(key)
+            if field is None:
+                continue
+            if is_string:
+                if type(field) is not str:
+                    raise _Shape(STRING, field, f".{key}")
+                continue
+            try:
+                walk(field)
+            except _Shape as bad:
+                bad.steps.append(f".{key}")
+                raise
+
+    return walk_fields
+
+
+def _quick_source(shape: Fields) -> str:
+    """The source of a function that says only yes or no for `shape`: each check written out as it
+    would be by hand (exact types, no calls, no strings), which a walk over `SHAPES` at run time is
+    not: interpreting the shapes cost about half again as much, on every review of a workload."""
+    lines = ["def quick(v0):"]
+    names = iter(range(1, 1_000))
+
+    def emit(node: Shape, var: str, depth: int) -> None:
+        pad = "    " * depth
+        if node == STRING:
+            lines.append(f"{pad}if type({var}) is not str: return False")
+        elif isinstance(node, MapOf):
+            lines.append(f"{pad}if type({var}) is not dict: return False")
+            if node.values is not None:
+                item = f"v{next(names)}"
+                lines.append(f"{pad}for {item} in {var}.values():")
+                if node.values == STRING:
+                    lines.append(f"{pad}    if type({item}) is not str: return False")
+                else:
+                    lines.append(f"{pad}    if type({item}) not in QUANTITY_TYPES: return False")
+        elif isinstance(node, ListOf):
+            item = f"v{next(names)}"
+            lines.append(f"{pad}if type({var}) is not list: return False")
+            lines.append(f"{pad}for {item} in {var}:")
+            emit(node.item, item, depth + 1)
+        else:
+            assert isinstance(node, Fields)
+            lines.append(f"{pad}if type({var}) is not dict: return False")
+            for key, child in node.fields:
+                field = f"v{next(names)}"
+                lines.append(f"{pad}{field} = {var}.get({key!r})")
+                lines.append(f"{pad}if {field} is not None:")
+                emit(child, field, depth + 1)
+
+    emit(shape, "v0", 1)
+    lines.append("    return True")
+    return "\n".join(lines)
+
+
+def _quick(shape: Fields) -> Callable[[Any], bool]:
+    # Made from the constant SHAPES once, at import: no request's data is ever part of the source.
+    namespace: dict[str, Any] = {"QUANTITY_TYPES": _QUANTITY_TYPES}
+    exec(compile(_quick_source(shape), "<object shape quick check>", "exec"), namespace)
+    return cast(Callable[[Any], bool], namespace["quick"])
+
+
+# Per kind: the yes-or-no check every review takes, and the walk that names the field, taken only
+# when the first says no. Both are made from the one shape; tests/test_robustness.py holds them to
+# the same verdict.
+_CHECKS = {kind: (_quick(shape), _compiled(shape)) for kind, shape in SHAPES.items()}
+_OTHER_CHECKS = (_quick(OTHER), _compiled(OTHER))
 
 
 def object_errors(request: Mapping[str, Any]) -> str | None:
     """Why `object` or `oldObject` cannot be read by the rules, naming the field; None when fine."""
     kind = request.get("kind")
-    kind_name = str((kind.get("kind") if isinstance(kind, dict) else None) or "")
-    try:
-        for key in ("object", "oldObject"):
-            obj = request.get(key)
-            # The yes-or-no walk first: it builds no field path. Only an object it does not pass
-            # is walked again to name the field (or, when the two disagree, found fine after all).
-            if obj is not None and not _object_ok(obj, kind_name):
-                _check_object(obj, kind_name, key)
-    except _Shape as exc:
-        return str(exc)
+    kind_name = (kind.get("kind") if isinstance(kind, dict) else None) or ""
+    quick, walk = _CHECKS.get(kind_name, _OTHER_CHECKS) if type(kind_name) is str else _OTHER_CHECKS
+    for key in ("object", "oldObject"):
+        obj = request.get(key)
+        if obj is not None and not quick(obj):
+            try:
+                walk(obj)
+            except _Shape as bad:
+                return bad.message(key)
     return None
-
-
-# -- the same checks as yes or no, for every request: exact JSON types, no strings built. Never
-# more lenient than the naming walk below (tests/test_hostile_requests.py holds them together).
-
-
-def _object_ok(obj: Any, kind: str) -> bool:
-    if type(obj) is not dict:
-        return False
-    meta = obj.get("metadata")
-    if meta is not None:
-        if type(meta) is not dict:
-            return False
-        for key in ("name", "namespace", "generateName", "uid", "resourceVersion"):
-            value = meta.get(key)
-            if value is not None and type(value) is not str:
-                return False
-        strict = kind not in _POD_TEMPLATE_PATHS
-        for key in ("labels", "annotations"):
-            if not _map_ok(meta.get(key), strict):
-                return False
-        refs = meta.get("ownerReferences")
-        if refs is not None:
-            if type(refs) is not list:
-                return False
-            for ref in refs:
-                if type(ref) is not dict:
-                    return False
-    if kind == "ConfigMap" and not _map_ok(obj.get("data"), True):
-        return False
-    path = _POD_TEMPLATE_PATHS.get(kind)
-    if path is None:
-        spec = obj.get("spec")
-        return spec is None or type(spec) is dict
-    node: Any = obj
-    for key in path:
-        node = node.get(key)
-        if node is None:
-            return True
-        if type(node) is not dict:
-            return False
-    if kind != "Pod":
-        tmeta = node.get("metadata")
-        if tmeta is not None:
-            if type(tmeta) is not dict:
-                return False
-            if not _map_ok(tmeta.get("labels"), False) or not _map_ok(tmeta.get("annotations"), False):
-                return False
-    spec = node.get("spec")
-    if spec is None:
-        return True
-    return type(spec) is dict and _pod_spec_ok(spec)
-
-
-def _map_ok(values: Any, strict: bool) -> bool:
-    if values is None:
-        return True
-    if type(values) is not dict:
-        return False
-    if strict:
-        for value in values.values():
-            if type(value) is not str:
-                return False
-    return True
-
-
-def _pod_spec_ok(spec: dict[str, Any]) -> bool:
-    value = spec.get("priorityClassName")
-    if value is not None and type(value) is not str:
-        return False
-    for key in ("containers", "initContainers"):
-        containers = spec.get(key)
-        if containers is None:
-            continue
-        if type(containers) is not list:
-            return False
-        for container in containers:
-            if type(container) is not dict:
-                return False
-            resources = container.get("resources")
-            if resources is None:
-                continue
-            if type(resources) is not dict:
-                return False
-            for section in ("limits", "requests"):
-                amounts = resources.get(section)
-                if amounts is None:
-                    continue
-                if type(amounts) is not dict:
-                    return False
-                for amount in amounts.values():
-                    kind = type(amount)
-                    if kind is not str and kind is not int and kind is not float:
-                        return False
-    required: dict[str, Any] = spec
-    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
-        node = required.get(key)
-        if node is None:
-            return True
-        if type(node) is not dict:
-            return False
-        required = node
-    terms = required.get("nodeSelectorTerms")
-    if terms is None:
-        return True
-    if type(terms) is not list:
-        return False
-    for term in terms:
-        if type(term) is not dict:
-            return False
-        expressions = term.get("matchExpressions")
-        if expressions is None:
-            continue
-        if type(expressions) is not list:
-            return False
-        for expression in expressions:
-            if type(expression) is not dict:
-                return False
-            for key in ("key", "operator"):
-                value = expression.get(key)
-                if value is not None and type(value) is not str:
-                    return False
-            values = expression.get("values")
-            if values is None:
-                continue
-            if type(values) is not list:
-                return False
-            for value in values:
-                if type(value) is not str:
-                    return False
-    return True
-
-
-# -- the naming walk: the first field of the wrong type, as a 400's reason
 
 
 def _type_name(value: Any) -> str:
     return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
-
-
-def _expect(value: Any, expected: type | tuple[type, ...], where: str, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, expected):  # no field read here is a boolean
-        raise _Shape(f"{where}: must be {what}, got {_type_name(value)}")
-
-
-def _optional(parent: Mapping[str, Any], key: str, expected: type, where: str, what: str) -> Any:
-    value = parent.get(key)
-    if value is not None:
-        _expect(value, expected, f"{where}.{key}", what)
-    return value
-
-
-def _string_map(parent: Mapping[str, Any], key: str, where: str, strict: bool = True) -> None:
-    """A map; with `strict`, of strings only. The pod rules read a few keys and cope with a value of
-    any type there, so a pod's other labels and annotations are not theirs to refuse."""
-    values = _optional(parent, key, dict, where, "a map of strings")
-    if not strict:
-        return
-    for name, value in (values or {}).items():
-        if not isinstance(value, str):
-            raise _Shape(f"{where}.{key}[{shorten(repr(name), 80)}]: must be a string, got {_type_name(value)}")
-
-
-def _check_object(obj: Any, kind: str, where: str) -> None:
-    _expect(obj, dict, where, "an object")
-    meta = _optional(obj, "metadata", dict, where, "an object")
-    if meta is not None:
-        for key in ("name", "namespace", "generateName", "uid", "resourceVersion"):
-            _optional(meta, key, str, f"{where}.metadata", "a string")
-        strict = kind not in _POD_TEMPLATE_PATHS
-        _string_map(meta, "labels", f"{where}.metadata", strict)
-        _string_map(meta, "annotations", f"{where}.metadata", strict)
-        refs = _optional(meta, "ownerReferences", list, f"{where}.metadata", "a list")
-        for i, ref in enumerate(refs or ()):
-            _expect(ref, dict, f"{where}.metadata.ownerReferences[{i}]", "an object")
-    if kind == "ConfigMap":
-        _string_map(obj, "data", where)
-    if kind in _POD_TEMPLATE_PATHS:
-        node: Any = obj
-        path = where
-        for key in _POD_TEMPLATE_PATHS[kind]:
-            node = _optional(node, key, dict, path, "an object")
-            path = f"{path}.{key}"
-            if node is None:
-                return
-        if kind != "Pod":
-            tmeta = _optional(node, "metadata", dict, path, "an object")
-            if tmeta is not None:
-                _string_map(tmeta, "labels", f"{path}.metadata", strict=False)
-                _string_map(tmeta, "annotations", f"{path}.metadata", strict=False)
-        spec = _optional(node, "spec", dict, path, "an object")
-        if spec is not None:
-            _check_pod_spec(spec, f"{path}.spec")
-    else:
-        _optional(obj, "spec", dict, where, "an object")
-
-
-def _check_pod_spec(spec: Mapping[str, Any], where: str) -> None:
-    _optional(spec, "priorityClassName", str, where, "a string")
-    for key in ("containers", "initContainers"):
-        for i, container in enumerate(_optional(spec, key, list, where, "a list") or ()):
-            at = f"{where}.{key}[{i}]"
-            _expect(container, dict, at, "an object")
-            resources = _optional(container, "resources", dict, at, "an object")
-            for section in ("limits", "requests"):
-                amounts = _optional(resources or {}, section, dict, f"{at}.resources", "a map of quantities")
-                for name, amount in (amounts or {}).items():
-                    if not isinstance(amount, str | int | float) or isinstance(amount, bool):
-                        raise _Shape(
-                            f"{at}.resources.{section}[{shorten(repr(name), 80)}]: must be a quantity, "
-                            f"got {_type_name(amount)}"
-                        )
-    affinity = _optional(spec, "affinity", dict, where, "an object")
-    node_affinity = _optional(affinity or {}, "nodeAffinity", dict, f"{where}.affinity", "an object")
-    at = f"{where}.affinity.nodeAffinity"
-    required = _optional(node_affinity or {}, "requiredDuringSchedulingIgnoredDuringExecution", dict, at, "an object")
-    at = f"{at}.requiredDuringSchedulingIgnoredDuringExecution"
-    for i, term in enumerate(_optional(required or {}, "nodeSelectorTerms", list, at, "a list") or ()):
-        term_at = f"{at}.nodeSelectorTerms[{i}]"
-        _expect(term, dict, term_at, "an object")
-        for j, expression in enumerate(_optional(term, "matchExpressions", list, term_at, "a list") or ()):
-            expr_at = f"{term_at}.matchExpressions[{j}]"
-            _expect(expression, dict, expr_at, "an object")
-            _optional(expression, "key", str, expr_at, "a string")
-            _optional(expression, "operator", str, expr_at, "a string")
-            for k, value in enumerate(_optional(expression, "values", list, expr_at, "a list") or ()):
-                _expect(value, str, f"{expr_at}.values[{k}]", "a string")
 
 
 def build_response(version: str, uid: str, decision: Decision) -> dict[str, Any]:

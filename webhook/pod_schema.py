@@ -5,12 +5,12 @@ Decoding against it builds only what the rules read. The big parts of a pod that
 JSON is parsed: no Python object is made for them. Every other field the API defines is named,
 most as `Any`, so a rule reading it sees what a plain JSON parse gives.
 
-The fields the rules read are typed as `admission.object_errors` demands them (exact JSON types,
-no null), so a review this schema accepts is one whose object that check passes. A review it does
-not accept (another kind, a null, a number where a string goes, malformed JSON) is no verdict:
-`admission.parse_pod_review` then hands it to the full path, which answers it as before.
-`tests/test_pod_schema.py` holds the two paths together; `tests/e2e/test_pod_schema.py` holds
-the field lists to the real apiserver's OpenAPI.
+The fields the rules read are typed as `admission.SHAPES["Pod"]` demands them (exact JSON types,
+no null), so a review this schema accepts is one whose object `admission.object_errors` passes. A
+review it does not accept (another kind, a null, a number where a string goes, malformed JSON) is
+no verdict: `admission.parse_pod_review` then hands it to the full path, which answers it as
+before. `tests/test_pod_schema.py` holds the two paths together, and these types to the shape field
+by field; `tests/e2e/test_pod_schema.py` holds the field lists to the real apiserver's OpenAPI.
 """
 
 from __future__ import annotations

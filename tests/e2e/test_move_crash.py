@@ -1,4 +1,4 @@
-"""A department move cut short by `kill -9` (issue 21, item 6), on the real control plane.
+"""A department move cut short by `kill -9`, on the real control plane.
 
 The install's two replicas elect their leader with the apiserver's Lease and record the move's
 intent on the real namespace. The replica carrying the move (asked through the admin API over

@@ -103,7 +103,7 @@ def base_url(options: ServeOptions) -> str:
 
 async def binding_settled(runtime: Runtime, namespace: str) -> None:
     """Until the runtime admits pods of a freshly bound project: its binding has been in the cache
-    for BINDING_SETTLE_S (so the apiserver's own cache has it too, see webhook.runai.admission)."""
+    for BINDING_SETTLE_S (so the apiserver's own cache has it too, see webhook.http.pod_webhook)."""
 
     def settled() -> bool:
         info = runtime.state.namespaces.get(namespace)

@@ -9,6 +9,10 @@ Cluster mode: the user signs in with a Kubernetes token; the session cookie hold
 TokenReview said they are, never the token (`session.py`), and a sign-out ends it on every replica
 (`signouts.py`). Folder mode (`serve --state`, loopback only): no sign-in, and admin actions say
 they need a cluster.
+
+One function a page, each given the `PageContext` the pages share (the console's parts, the
+templates, the answer headers, and the steps every page takes: the session, the authorization, the
+error page); `console_routes` makes one context and the table of routes.
 """
 
 from __future__ import annotations
@@ -146,36 +150,44 @@ class _Stop(Exception):
         self.response = response
 
 
-def console_routes(console: Console) -> list[web.RouteDef]:
-    env = _environment()
-    page_headers = _SECURITY_HEADERS if console.open else {**_SECURITY_HEADERS, **_HSTS}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Page = Callable[["PageContext", web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class PageContext:
+    """What every page shares: the console's parts, the templates and the headers of every answer."""
+
+    console: Console
+    env: jinja2.Environment
+    headers: Mapping[str, str]
 
     def render(
-        request: web.Request, template: str, status: int = 200, session: Session | None = None, **context: Any
+        self, request: web.Request, template: str, status: int = 200, session: Session | None = None, **context: Any
     ) -> web.Response:
-        page = env.get_template(template).render(
-            open_mode=console.open,
+        page = self.env.get_template(template).render(
+            open_mode=self.console.open,
             signed_in=session is not None,
             csrf=session.csrf if session else "",
             path=request.path,
             **context,
         )
-        return web.Response(text=page, status=status, content_type="text/html", headers=page_headers)
+        return web.Response(text=page, status=status, content_type="text/html", headers=self.headers)
 
-    def problem(request: web.Request, status: int, title: str, reason: str, session: Session | None) -> _Stop:
-        return _Stop(render(request, "problem.html", status, session, title=title, reason=reason, code=status))
+    def problem(self, request: web.Request, status: int, title: str, reason: str, session: Session | None) -> _Stop:
+        return _Stop(self.render(request, "problem.html", status, session, title=title, reason=reason, code=status))
 
-    def session_of(request: web.Request) -> Session | None:
+    def session_of(self, request: web.Request) -> Session | None:
         """The signed-in session; in cluster mode without one, a redirect to the sign-in page.
-        A session due for it is sealed again (`page` puts the new cookie on the answer)."""
-        if console.open:
+        A session due for it is sealed again (`_served` puts the new cookie on the answer)."""
+        if self.console.open:
             return None
         values = session_cookies(request)
-        session = console.sessions.open(values[0]) if values else None
-        if session is not None and console.signouts is not None:
-            if not console.signouts.ready:
-                raise problem(request, 503, "The console is starting", _SIGNOUTS_NOT_READ, None)
-            if console.signouts.signed_out(session):
+        session = self.console.sessions.open(values[0]) if values else None
+        if session is not None and self.console.signouts is not None:
+            if not self.console.signouts.ready:
+                raise self.problem(request, 503, "The console is starting", _SIGNOUTS_NOT_READ, None)
+            if self.console.signouts.signed_out(session):
                 session = None
         if session is None:
             target = request.path_qs if request.method == "GET" else "/ui/"
@@ -183,14 +195,14 @@ def console_routes(console: Console) -> list[web.RouteDef]:
             if values:
                 Sessions.clear(response)
             raise _Stop(response)
-        renewed = console.sessions.renewal(session)
+        renewed = self.console.sessions.renewal(session)
         if renewed is not None:
             request[_RENEWED] = renewed
             session = renewed
         return session
 
     async def authorized(
-        request: web.Request, session: Session | None, check: Callable[[Principal | None], Awaitable[Principal]]
+        self, request: web.Request, session: Session | None, check: Callable[[Principal | None], Awaitable[Principal]]
     ) -> Principal:
         try:
             return await check(session.principal if session else None)
@@ -200,156 +212,24 @@ def console_routes(console: Console) -> list[web.RouteDef]:
                 Sessions.clear(response)
                 raise _Stop(response) from None
             title = "Not allowed" if exc.status == 403 else "Cannot check who you are"
-            raise problem(request, exc.status, title, exc.reason, session) from None
+            raise self.problem(request, exc.status, title, exc.reason, session) from None
 
-    def page(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
-        async def run(request: web.Request) -> web.StreamResponse:
-            if not console.open and len(session_cookies(request)) > 1:
-                # Another port of this host (cookies ignore ports) or an old browser set one of its
-                # own: guessing which is ours would let it sign the user in or out.
-                refused = render(request, "problem.html", 400, None, title="Two session cookies",
-                                 reason=_TWO_COOKIES, code=400)  # fmt: skip
-                Sessions.clear(refused)
-                return refused
-            response: web.StreamResponse
-            try:
-                response = await handler(request)
-            except _Stop as stop:
-                response = stop.response
-            renewed = request.get(_RENEWED)
-            if renewed is not None and COOKIE not in response.cookies:
-                console.sessions.put(response, renewed)
-            if LEGACY_COOKIE in request.cookies:
-                response.del_cookie(LEGACY_COOKIE, path=LEGACY_PATH)
-            return response
-
-        return run
-
-    # -- pages -------------------------------------------------------------------------------------
-    async def index(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        wanted = request.query.get("project")
-        if wanted is not None:
-            raise _Stop(_see_other(f"/ui/projects/{quote(wanted.strip(), safe='')}"))
-        admin = True
-        try:
-            await console.reader.authorize_admin_for(session.principal if session else None)
-        except AuthError as exc:
-            if exc.status != 403:
-                await authorized(request, session, console.reader.authorize_admin_for)  # sign-in or error page
-            admin = False
-        snapshot = console.views.state.snapshot()
-        projects = sorted(ns.name for ns in snapshot.namespaces.values() if ns.is_project) if admin else []
-        return render(request, "index.html", session=session, admin=admin, projects=projects)
-
-    async def project(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        namespace = request.match_info["namespace"]
-        await authorized(request, session, lambda who: console.reader.authorize_project_for(who, namespace))
-        gpus = await console.views.project(namespace)
-        if gpus is None:
-            raise problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
-        try:
-            # A form asks for one kind of workload; the page shows a notebook's offer until told otherwise.
-            offer = await project_offer(console.views, namespace, request.query.get("kind") or "notebook")
-        except NotAProject as exc:
-            raise problem(request, 404, "No such project", str(exc), session) from None
-        except ValueError as exc:
-            raise problem(request, 400, "Unknown workload kind", str(exc), session) from None
-        return render(request, "project.html", session=session, gpus=gpus, offer=offer, namespace=namespace)
-
-    def admin_data(request: web.Request, session: Session | None) -> RunaiAdminView:
-        view = console.views.admin()
+    def admin_data(self, request: web.Request, session: Session | None) -> RunaiAdminView:
+        view = self.console.views.admin()
         if view is None:
-            raise problem(request, 503, "Run:ai cannot be reached", NO_RUNAI_DATA, session)
+            raise self.problem(request, 503, "Run:ai cannot be reached", NO_RUNAI_DATA, session)
         return view
 
-    async def admin(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        await authorized(request, session, console.reader.authorize_admin_for)
-        view = admin_data(request, session)
-        counts: dict[str, int] = {}
-        for p in view.projects:
-            counts[p.department] = counts.get(p.department, 0) + 1
-        return render(request, "admin.html", session=session, view=view, counts=counts)
-
-    async def department(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        name = request.match_info["name"]
-        await authorized(request, session, console.reader.authorize_admin_for)
-        view = admin_data(request, session)
-        row = next((d for d in view.departments if d.name == name), None)
-        projects = [p for p in view.projects if p.department == name]
-        if row is None and not projects:
-            raise problem(request, 404, "No such department", f"no department {name}", session)
-        return render(
-            request,
-            "department.html",
-            session=session,
-            view=view,
-            department=row,
-            name=name,
-            projects=projects,
-            actions=console.mover is not None,
-            known=sorted({d.name for d in view.departments}),
-        )
-
-    def find_project(view: RunaiAdminView, namespace: str) -> AdminProject | None:
-        return next((p for p in view.projects if p.namespace == namespace), None)
-
-    def runai_target(view: RunaiAdminView, department: str) -> str:
-        """The Run:ai department a platform department's projects go to (as the mover maps it)."""
-        linked = {d.name for d in view.departments if d.linked}
-        return department if department in linked else view.default_department
-
-    async def move_confirm(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        namespace = request.match_info["namespace"]
-        await authorized(request, session, console.reader.authorize_admin_for)
-        view = admin_data(request, session)
-        row = find_project(view, namespace)
-        if row is None:
-            raise problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
-        target = (request.query.get("department") or "").strip() or view.default_department
-        error = department_name_error(target)
-        if error is not None:
-            raise problem(request, 400, "Not a department name", error, session)
-        return render(
-            request,
-            "move_confirm.html",
-            session=session,
-            project=row,
-            target=target,
-            runai_target=runai_target(view, target),
-            actions=console.mover is not None,
-        )
-
-    async def delete_confirm(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        name = request.match_info["name"]
-        await authorized(request, session, console.reader.authorize_admin_for)
-        view = admin_data(request, session)
-        projects = [p for p in view.projects if p.department == name]
-        return render(
-            request,
-            "delete_confirm.html",
-            session=session,
-            name=name,
-            projects=projects,
-            default=view.default_department,
-            actions=console.mover is not None,
-        )
-
-    async def acting(request: web.Request) -> tuple[Session | None, Mapping[str, str], str]:
+    async def acting(self, request: web.Request) -> tuple[Session | None, Mapping[str, str], str]:
         """A state-changing post: signed in, same site, CSRF secret, and allowed to act."""
-        session = session_of(request)
+        session = self.session_of(request)
         form = await request.post()
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         refused = check_form(request, session, fields.get("csrf"))
         if refused is not None:
-            raise problem(request, 403, "Refused", refused, session)
-        if console.mover is None or console.actor is None:
-            raise problem(
+            raise self.problem(request, 403, "Refused", refused, session)
+        if self.console.mover is None or self.console.actor is None:
+            raise self.problem(
                 request,
                 501,
                 "Needs cluster mode",
@@ -357,101 +237,261 @@ def console_routes(console: Console) -> list[web.RouteDef]:
                 "against a cluster (without --state) to do it",
                 session,
             )
-        principal = await authorized(request, session, console.actor.authorize_admin_for)
+        principal = await self.authorized(request, session, self.console.actor.authorize_admin_for)
         return session, fields, principal.username
 
-    async def move(request: web.Request) -> web.StreamResponse:
-        namespace = request.match_info["namespace"]
-        session, fields, who = await acting(request)
-        assert console.mover is not None
-        department = fields.get("department", "").strip() or None
-        status, answer = await move_project_answer(console.mover, namespace, department, who)
-        return render(
-            request, "move_result.html", status, session, namespace=namespace, answer=answer, ok=status == 200
-        )
 
-    async def delete(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        session, _, who = await acting(request)
-        assert console.mover is not None
-        status, answer = await delete_department_answer(console.mover, name, who)
-        return render(request, "delete_result.html", status, session, name=name, answer=answer, ok=status == 200)
+def _served(ctx: PageContext, handler: Page) -> Handler:
+    """`handler` as a route: the shared context passed in, a stop turned into its answer, a renewed
+    session's cookie set."""
 
-    # -- sign-in -----------------------------------------------------------------------------------
-    def next_target(value: object) -> str:
-        # Only back into the console, and only a path that is a header value as it stands: never
-        # an open redirect, never a header split by a CR/LF.
-        return safe_next(value) or "/ui/"
-
-    async def signin_form(request: web.Request) -> web.StreamResponse:
-        if console.open:
-            raise _Stop(_see_other("/ui/"))
-        expired = request.query.get("expired") == "1"
-        message = "You are no longer signed in; sign in again." if expired else ""
-        if request.query.get("signedout") == "1":
-            message = "Signed out."
-        return render(request, "signin.html", next=next_target(request.query.get("next")), message=message)
-
-    async def signin(request: web.Request) -> web.StreamResponse:
-        if console.open or console.sign_in is None:
-            raise _Stop(_see_other("/ui/"))
-        refused = check_form(request, None, None)
-        if refused is not None:
-            raise problem(request, 403, "Refused", refused, None)
-        form = await request.post()
-        token = form.get("token")
-        target = next_target(form.get("next"))
-        response = _see_other(target)
+    async def run(request: web.Request) -> web.StreamResponse:
+        if not ctx.console.open and len(session_cookies(request)) > 1:
+            # Another port of this host (cookies ignore ports) or an old browser set one of its
+            # own: guessing which is ours would let it sign the user in or out.
+            refused = ctx.render(
+                request, "problem.html", 400, None, title="Two session cookies", reason=_TWO_COOKIES, code=400
+            )
+            Sessions.clear(refused)
+            return refused
+        response: web.StreamResponse
         try:
-            token = Sessions.usable(token if isinstance(token, str) else "")
-            # TokenReview, as every API call's token gets; this address pays if the token is new.
-            principal = await console.sign_in(token, client=request.remote or "")
-            # The session keeps who the token belongs to, never the token.
-            console.sessions.put(response, console.sessions.start(principal, token_expiry(token)))
-        except NoSessionKeys as exc:
-            raise problem(request, 503, "Sign-in is off", str(exc), None) from None
-        except SessionError as exc:
-            return render(request, "signin.html", 400, next=target, message=str(exc))
-        except AuthError as exc:
-            if exc.status == 401:
-                return render(request, "signin.html", 401, next=target, message=f"Not signed in: {exc.reason}")
-            raise problem(request, exc.status, "Cannot check who you are", exc.reason, None) from None
+            response = await handler(ctx, request)
+        except _Stop as stop:
+            response = stop.response
+        renewed = request.get(_RENEWED)
+        if renewed is not None and COOKIE not in response.cookies:
+            ctx.console.sessions.put(response, renewed)
+        if LEGACY_COOKIE in request.cookies:
+            response.del_cookie(LEGACY_COOKIE, path=LEGACY_PATH)
         return response
 
-    async def signout(request: web.Request) -> web.StreamResponse:
-        session = session_of(request)
-        form = await request.post()
-        csrf = form.get("csrf")
-        refused = check_form(request, session, csrf if isinstance(csrf, str) else None)
-        if refused is not None:
-            raise problem(request, 403, "Refused", refused, session)
-        if session is not None and console.signouts is not None:
-            try:
-                await console.signouts.sign_out(session)  # on every replica, not only in this browser
-            except SignoutError:
-                response = render(
-                    request, "problem.html", 503, None, title="Signed out in this browser only", code=503,
-                    reason=_SIGNOUT_NOT_RECORDED.format(minutes=console.sessions.idle_timeout_s // 60),
-                )  # fmt: skip
-                Sessions.clear(response)
-                return response
-        response = _see_other("/ui/signin?signedout=1")
-        Sessions.clear(response)
-        return response
+    return run
 
-    async def static(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        if name not in _STATIC:
-            raise web.HTTPNotFound()
-        body = resources.files("webhook.console").joinpath("static", name).read_bytes()
-        return web.Response(
-            body=body,
-            content_type=_STATIC[name],
-            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
-        )
 
-    async def to_index(_: web.Request) -> web.StreamResponse:
-        return _see_other("/ui/")
+# -- pages -------------------------------------------------------------------------------------
+async def index(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    wanted = request.query.get("project")
+    if wanted is not None:
+        raise _Stop(_see_other(f"/ui/projects/{quote(wanted.strip(), safe='')}"))
+    admin = True
+    try:
+        await ctx.console.reader.authorize_admin_for(session.principal if session else None)
+    except AuthError as exc:
+        if exc.status != 403:
+            await ctx.authorized(request, session, ctx.console.reader.authorize_admin_for)  # sign-in or error page
+        admin = False
+    snapshot = ctx.console.views.state.snapshot()
+    projects = sorted(ns.name for ns in snapshot.namespaces.values() if ns.is_project) if admin else []
+    return ctx.render(request, "index.html", session=session, admin=admin, projects=projects)
+
+
+async def project(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    namespace = request.match_info["namespace"]
+    await ctx.authorized(request, session, lambda who: ctx.console.reader.authorize_project_for(who, namespace))
+    gpus = await ctx.console.views.project(namespace)
+    if gpus is None:
+        raise ctx.problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
+    try:
+        # A form asks for one kind of workload; the page shows a notebook's offer until told otherwise.
+        offer = await project_offer(ctx.console.views, namespace, request.query.get("kind") or "notebook")
+    except NotAProject as exc:
+        raise ctx.problem(request, 404, "No such project", str(exc), session) from None
+    except ValueError as exc:
+        raise ctx.problem(request, 400, "Unknown workload kind", str(exc), session) from None
+    return ctx.render(request, "project.html", session=session, gpus=gpus, offer=offer, namespace=namespace)
+
+
+async def admin(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    await ctx.authorized(request, session, ctx.console.reader.authorize_admin_for)
+    view = ctx.admin_data(request, session)
+    counts: dict[str, int] = {}
+    for p in view.projects:
+        counts[p.department] = counts.get(p.department, 0) + 1
+    return ctx.render(request, "admin.html", session=session, view=view, counts=counts)
+
+
+async def department(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    name = request.match_info["name"]
+    await ctx.authorized(request, session, ctx.console.reader.authorize_admin_for)
+    view = ctx.admin_data(request, session)
+    row = next((d for d in view.departments if d.name == name), None)
+    projects = [p for p in view.projects if p.department == name]
+    if row is None and not projects:
+        raise ctx.problem(request, 404, "No such department", f"no department {name}", session)
+    return ctx.render(
+        request,
+        "department.html",
+        session=session,
+        view=view,
+        department=row,
+        name=name,
+        projects=projects,
+        actions=ctx.console.mover is not None,
+        known=sorted({d.name for d in view.departments}),
+    )
+
+
+def find_project(view: RunaiAdminView, namespace: str) -> AdminProject | None:
+    return next((p for p in view.projects if p.namespace == namespace), None)
+
+
+def runai_target(view: RunaiAdminView, department: str) -> str:
+    """The Run:ai department a platform department's projects go to (as the mover maps it)."""
+    linked = {d.name for d in view.departments if d.linked}
+    return department if department in linked else view.default_department
+
+
+async def move_confirm(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    namespace = request.match_info["namespace"]
+    await ctx.authorized(request, session, ctx.console.reader.authorize_admin_for)
+    view = ctx.admin_data(request, session)
+    row = find_project(view, namespace)
+    if row is None:
+        raise ctx.problem(request, 404, "No such project", f"{namespace} is not a project namespace", session)
+    target = (request.query.get("department") or "").strip() or view.default_department
+    error = department_name_error(target)
+    if error is not None:
+        raise ctx.problem(request, 400, "Not a department name", error, session)
+    return ctx.render(
+        request,
+        "move_confirm.html",
+        session=session,
+        project=row,
+        target=target,
+        runai_target=runai_target(view, target),
+        actions=ctx.console.mover is not None,
+    )
+
+
+async def delete_confirm(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    name = request.match_info["name"]
+    await ctx.authorized(request, session, ctx.console.reader.authorize_admin_for)
+    view = ctx.admin_data(request, session)
+    projects = [p for p in view.projects if p.department == name]
+    return ctx.render(
+        request,
+        "delete_confirm.html",
+        session=session,
+        name=name,
+        projects=projects,
+        default=view.default_department,
+        actions=ctx.console.mover is not None,
+    )
+
+
+async def move(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    namespace = request.match_info["namespace"]
+    session, fields, who = await ctx.acting(request)
+    assert ctx.console.mover is not None
+    department = fields.get("department", "").strip() or None
+    status, answer = await move_project_answer(ctx.console.mover, namespace, department, who)
+    return ctx.render(
+        request, "move_result.html", status, session, namespace=namespace, answer=answer, ok=status == 200
+    )
+
+
+async def delete(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    session, _, who = await ctx.acting(request)
+    assert ctx.console.mover is not None
+    status, answer = await delete_department_answer(ctx.console.mover, name, who)
+    return ctx.render(request, "delete_result.html", status, session, name=name, answer=answer, ok=status == 200)
+
+
+# -- sign-in -----------------------------------------------------------------------------------
+def next_target(value: object) -> str:
+    # Only back into the console, and only a path that is a header value as it stands: never
+    # an open redirect, never a header split by a CR/LF.
+    return safe_next(value) or "/ui/"
+
+
+async def signin_form(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    if ctx.console.open:
+        raise _Stop(_see_other("/ui/"))
+    expired = request.query.get("expired") == "1"
+    message = "You are no longer signed in; sign in again." if expired else ""
+    if request.query.get("signedout") == "1":
+        message = "Signed out."
+    return ctx.render(request, "signin.html", next=next_target(request.query.get("next")), message=message)
+
+
+async def signin(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    if ctx.console.open or ctx.console.sign_in is None:
+        raise _Stop(_see_other("/ui/"))
+    refused = check_form(request, None, None)
+    if refused is not None:
+        raise ctx.problem(request, 403, "Refused", refused, None)
+    form = await request.post()
+    token = form.get("token")
+    target = next_target(form.get("next"))
+    response = _see_other(target)
+    try:
+        token = Sessions.usable(token if isinstance(token, str) else "")
+        # TokenReview, as every API call's token gets; this address pays if the token is new.
+        principal = await ctx.console.sign_in(token, client=request.remote or "")
+        # The session keeps who the token belongs to, never the token.
+        ctx.console.sessions.put(response, ctx.console.sessions.start(principal, token_expiry(token)))
+    except NoSessionKeys as exc:
+        raise ctx.problem(request, 503, "Sign-in is off", str(exc), None) from None
+    except SessionError as exc:
+        return ctx.render(request, "signin.html", 400, next=target, message=str(exc))
+    except AuthError as exc:
+        if exc.status == 401:
+            return ctx.render(request, "signin.html", 401, next=target, message=f"Not signed in: {exc.reason}")
+        raise ctx.problem(request, exc.status, "Cannot check who you are", exc.reason, None) from None
+    return response
+
+
+async def signout(ctx: PageContext, request: web.Request) -> web.StreamResponse:
+    session = ctx.session_of(request)
+    form = await request.post()
+    csrf = form.get("csrf")
+    refused = check_form(request, session, csrf if isinstance(csrf, str) else None)
+    if refused is not None:
+        raise ctx.problem(request, 403, "Refused", refused, session)
+    if session is not None and ctx.console.signouts is not None:
+        try:
+            await ctx.console.signouts.sign_out(session)  # on every replica, not only in this browser
+        except SignoutError:
+            response = ctx.render(
+                request, "problem.html", 503, None, title="Signed out in this browser only", code=503,
+                reason=_SIGNOUT_NOT_RECORDED.format(minutes=ctx.console.sessions.idle_timeout_s // 60),
+            )  # fmt: skip
+            Sessions.clear(response)
+            return response
+    response = _see_other("/ui/signin?signedout=1")
+    Sessions.clear(response)
+    return response
+
+
+async def static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    body = resources.files("webhook.console").joinpath("static", name).read_bytes()
+    return web.Response(
+        body=body,
+        content_type=_STATIC[name],
+        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+async def to_index(_: web.Request) -> web.StreamResponse:
+    return _see_other("/ui/")
+
+
+def console_routes(console: Console) -> list[web.RouteDef]:
+    ctx = PageContext(console, _environment(), _SECURITY_HEADERS if console.open else {**_SECURITY_HEADERS, **_HSTS})
+
+    def page(handler: Page) -> Handler:
+        return _served(ctx, handler)
 
     return [
         # The server's own root is where a person typing its address lands: the console.

@@ -215,10 +215,6 @@ def session_cookies(request: web.Request) -> list[str]:
     return values
 
 
-def sends_legacy_cookie(request: web.Request) -> bool:
-    return LEGACY_COOKIE in request.cookies
-
-
 def same_origin(request: web.Request) -> bool:
     """False when the browser says the request came from another site."""
     origin = request.headers.get("Origin")

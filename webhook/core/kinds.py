@@ -157,9 +157,10 @@ MAX_QUANTITY_CHARS = 40
 MAX_QUANTITY = 1e18
 # No node holds more GPUs than this: a larger request is a typo or an attack, never a workload.
 MAX_GPUS = 1024.0
-# What a cached pod whose GPU request cannot be read counts as (DESIGN: quota never leaks). The
-# apiserver and admission refuse such pods, so one in the cache was created around them; it blocks
-# its project's quota until it is removed, and `webhook_pods_unreadable_gpus` says how many exist.
+# What a cached pod whose GPU request cannot be read counts as: the most a pod may hold, so that a
+# pod the quota cannot measure never frees GPUs for others. The apiserver and admission refuse
+# such pods, so one in the cache was created around them; it blocks its project's quota until it
+# is removed, and `webhook_pods_unreadable_gpus` says how many exist.
 UNREADABLE_POD_GPUS = MAX_GPUS
 
 

@@ -1,7 +1,7 @@
 """R2/R3 as pure decisions: is the pod's project bound, and does its GPU request fit the quota.
 
 `validate_pod(request, snapshot, now)` never calls out. Binding happens in the mutating phase
-(`webhook.runai.admission`); here an unbound project, or a pod without its project's `runai/queue`
+(`webhook.http.pod_webhook`); here an unbound project, or a pod without its project's `runai/queue`
 label, is refused: such a pod did not pass Run:ai's admission (defence in depth for S5). What it
 cannot decide alone it says with a reason the shell acts on: `Reason.RUNAI_PROJECT_NOT_KNOWN_HERE` (Run:ai
 answers, but this replica has no record of the project yet, e.g. another replica bound it moments
@@ -21,7 +21,7 @@ from webhook.core.decision import Decision, Reason
 from webhook.core.kinds import UNREADABLE_POD_GPUS, controller_owner, dra_claims, pod_gpu_request
 from webhook.core.kueue import ungated_pod_refusal
 from webhook.core.preemptibility import runai_preemptibility
-from webhook.core.runai_admission import runai_pod_refusal
+from webhook.core.runai_admission import project_not_bound, runai_pod_refusal
 from webhook.core.scheduling import pod_target
 from webhook.snapshot import (
     RUNAI_QUEUE_LABEL,
@@ -214,11 +214,7 @@ def validate_pod(request: Mapping[str, Any], snapshot: ClusterSnapshot, now: flo
         )
     queue = ns.runai_queue
     if queue is None:
-        return Decision.deny(
-            f"project namespace {ns.name} is not bound to a Run:ai project yet; its workloads start once it is",
-            code=403,
-            reason=Reason.RUNAI_PROJECT_NOT_BOUND,
-        )
+        return project_not_bound(ns.name)
     if target.labels.get(RUNAI_QUEUE_LABEL) != queue:
         # Our mutating webhook labels every pod of a bound project; a pod without the label (or with
         # another) was mutated before the binding, so Run:ai's webhooks did not see it either.

@@ -18,6 +18,17 @@ from webhook.core.preemptibility import POD_GROUPER_ANNOTATIONS, escapes_pod_gro
 _READ_ANNOTATIONS = frozenset((*SHARING_ANNOTATIONS, *POD_GROUPER_ANNOTATIONS))
 
 
+def project_not_bound(namespace: str) -> Decision:
+    """Run:ai on and the namespace has no `runai/queue` label yet: its pods wait for the binding.
+    Both pod phases refuse with it, the mutating one (S5) after the shell's attempt to bind, the
+    validating one (R2) for a pod that reached it anyway, so a user reads the same words."""
+    return Decision.deny(
+        f"project namespace {namespace} is not bound to a Run:ai project yet; its workloads start once it is",
+        code=403,
+        reason=Reason.RUNAI_PROJECT_NOT_BOUND,
+    )
+
+
 def runai_pod_refusal(pod: Mapping[str, Any]) -> Decision | None:
     """A pod Run:ai's admission would refuse (its GPU-sharing grammar), or one that would escape
     the preemptibility the webhook gives it: refused with the reason, before anything counts it."""

@@ -1,4 +1,5 @@
-"""Admin actions over HTTPS: move a project to another department, delete a department (DESIGN R5).
+"""Admin actions over HTTPS: move a project to another department, delete a department (R5 in
+docs/RULES.md).
 
     POST   /api/v1/admin/projects/{namespace}/move   {"department": "<name>" | null}
     DELETE /api/v1/admin/departments/{name}

@@ -178,6 +178,29 @@ def private_json(payload: Any) -> web.Response:
     return web.json_response(payload, headers={"Cache-Control": "private, no-store"})
 
 
+Answer = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def authorized(authorizer: Authorizer, answer: Answer, *, admin: bool = False) -> Answer:
+    """`answer`, for a bearer token of an admin (`admin`) or of a member of the path's project
+    namespace. The token is checked before anything is looked up, so that a 404 never tells a
+    stranger whether a namespace exists."""
+
+    async def handle(request: web.Request) -> web.Response:
+        token = bearer_token(request.headers.get("Authorization"))
+        client = request.remote or ""
+        try:
+            if admin:
+                await authorizer.authorize_admin(token, client=client)
+            else:
+                await authorizer.authorize_project(token, request.match_info["namespace"], client=client)
+        except AuthError as exc:
+            return auth_error_response(exc)
+        return await answer(request)
+
+    return handle
+
+
 class GpuViews:
     """The GPU API's answers as objects: read by its routes, the scheduling API and the console.
     `directory` None: Run:ai not configured. `lookup(namespace)` fetches the Run:ai project of a
@@ -280,33 +303,20 @@ class GpuViews:
     def routes(self, authorizer: Authorizer) -> list[web.RouteDef]:
         async def project_gpu(request: web.Request) -> web.Response:
             namespace = request.match_info["namespace"]
-            try:
-                # Authorize before looking the namespace up: a 404 would tell strangers it does not exist.
-                await authorizer.authorize_project(
-                    bearer_token(request.headers.get("Authorization")), namespace, client=request.remote or ""
-                )
-            except AuthError as exc:
-                return auth_error_response(exc)
             view = await self.project(namespace)
             if view is None:
                 return error_response(404, "NotFound", f"{namespace} is not a project namespace")
             return private_json(view.model_dump(mode="json"))
 
         async def runai_admin(request: web.Request) -> web.Response:
-            try:
-                await authorizer.authorize_admin(
-                    bearer_token(request.headers.get("Authorization")), client=request.remote or ""
-                )
-            except AuthError as exc:
-                return auth_error_response(exc)
             view = self.admin(await self.load_left())
             if view is None:
                 return error_response(503, "RUN_AI_UNREACHABLE", NO_RUNAI_DATA)
             return private_json(view.model_dump(mode="json"))
 
         return [
-            web.get("/api/v1/projects/{namespace}/gpu", project_gpu, allow_head=False),
-            web.get("/api/v1/admin/runai", runai_admin, allow_head=False),
+            web.get("/api/v1/projects/{namespace}/gpu", authorized(authorizer, project_gpu), allow_head=False),
+            web.get("/api/v1/admin/runai", authorized(authorizer, runai_admin, admin=True), allow_head=False),
         ]
 
 

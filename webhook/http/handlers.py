@@ -24,14 +24,20 @@ from webhook.core.guard import validate_settings_request
 from webhook.core.guard_config import GuardConfig
 from webhook.core.owners import mutate_owner, unseen_owner_namespace
 from webhook.core.pod_updates import validate_pod_update
-from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod, request_namespace, unseen_namespace
 from webhook.core.workloads import unseen_workload_namespace, validate_workload
+from webhook.http.pod_webhook import (
+    Bind,
+    Lookup,
+    cached_mutate_pods_handler,
+    cached_validate_pods_handler,
+    mutate_pods_handler,
+    validate_pods_handler,
+)
+from webhook.http.remote import call_or_refuse
 from webhook.logformat import REVIEW_UID
 from webhook.metrics import WOULD_REFUSE_RECENT
-from webhook.quota.handlers import Lookup, validate_pods_handler
 from webhook.quota.reservations import GpuReservations
-from webhook.runai.admission import Bind, mutate_pods_handler
 from webhook.snapshot import ClusterSnapshot
 from webhook.state.store import ClusterState
 
@@ -116,9 +122,9 @@ def logging_review_uid(handler: AdmissionHandler) -> AdmissionHandler:
 def _handlers(state: ClusterState, guard: GuardConfig, cluster: ClusterParts | None) -> dict[str, AdmissionHandler]:
     if cluster is None:
         return {
-            "/mutate/pods": mutate_handler(state),
+            "/mutate/pods": cached_mutate_pods_handler(state),
             "/mutate/workloads": owners_handler(state),
-            "/validate/pods": cached_pods_handler(state),
+            "/validate/pods": cached_validate_pods_handler(state),
             "/validate/workloads": cached_workloads_handler(state),
             "/validate/settings": settings_handler(state, guard),
             "/validate/pod-updates": pod_updates_handler(state, guard),
@@ -155,24 +161,18 @@ def reading_unseen_namespaces(
     async def handle(request: Mapping[str, Any]) -> Decision:
         namespace = unseen(request, state.snapshot())
         if namespace is not None:
-            try:
-                await read(namespace)
-            except Exception as exc:
-                log.info("reading namespace %s on admission failed: %s", namespace, exc)
-                return Decision.deny(
+            read_it = await call_or_refuse(
+                read(namespace),
+                f"reading namespace {namespace}",
+                lambda exc: (
                     f"namespace {namespace} is new to this replica and could not be read ({exc}); its pods get the "
-                    "platform's scheduling only once it is known here. Try again in a few seconds",
-                    code=503,
-                    reason=Reason.NAMESPACE_NOT_KNOWN_HERE,
-                )
+                    "platform's scheduling only once it is known here. Try again in a few seconds"
+                ),
+                Reason.NAMESPACE_NOT_KNOWN_HERE,
+            )
+            if isinstance(read_it, Decision):
+                return read_it
         return await handler(request)
-
-    return handle
-
-
-def mutate_handler(state: ClusterState) -> AdmissionHandler:
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        return mutate_pod(request, state.snapshot())
 
     return handle
 
@@ -182,19 +182,6 @@ def owners_handler(state: ClusterState) -> AdmissionHandler:
 
     async def handle(request: Mapping[str, Any]) -> Decision:
         return mutate_owner(request, state.snapshot())
-
-    return handle
-
-
-def cached_pods_handler(state: ClusterState) -> AdmissionHandler:
-    """Quota and binding state without a Run:ai connection (`serve --state`)."""
-
-    async def handle(request: Mapping[str, Any]) -> Decision:
-        decision = validate_pod(request, state.snapshot(), time.time())
-        if decision.reason == Reason.RUNAI_PROJECT_NOT_KNOWN_HERE:
-            # `serve --state` has no Run:ai connection at all: say that, rather than "retry".
-            return Decision.allow(warnings=["GPU quota not checked: this server runs without a Run:ai connection"])
-        return decision
 
     return handle
 

@@ -21,8 +21,8 @@ from webhook.core.choices import WorkloadChoices
 from webhook.core.offer import scheduling_offer
 from webhook.core.offer_view import SchedulingOfferView, offer_view
 from webhook.core.scheduling import parse_label_list
-from webhook.http.auth import AuthError, Authorizer, bearer_token
-from webhook.http.gpu_api import GpuViews, auth_error_response, error_response, private_json
+from webhook.http.auth import Authorizer
+from webhook.http.gpu_api import GpuViews, authorized, error_response, private_json
 
 SCHEDULING_PATH = "/api/v1/projects/{namespace}/scheduling"
 
@@ -79,12 +79,6 @@ async def project_offer(
 def scheduling_routes(views: GpuViews, authorizer: Authorizer) -> list[web.RouteDef]:
     async def scheduling(request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
-        try:
-            await authorizer.authorize_project(
-                bearer_token(request.headers.get("Authorization")), namespace, client=request.remote or ""
-            )
-        except AuthError as exc:
-            return auth_error_response(exc)
         kind = request.query.get("kind") or None
         try:
             choices = choices_from_query(request.query)
@@ -95,4 +89,4 @@ def scheduling_routes(views: GpuViews, authorizer: Authorizer) -> list[web.Route
             return error_response(400, "BadRequest", str(exc))
         return private_json(offer.model_dump(mode="json"))
 
-    return [web.get(SCHEDULING_PATH, scheduling, allow_head=False)]
+    return [web.get(SCHEDULING_PATH, authorized(authorizer, scheduling), allow_head=False)]

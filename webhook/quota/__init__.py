@@ -1,6 +1,6 @@
-"""R3 across replicas: GPU reservations in the Kubernetes API and the quota admission handlers."""
+"""R3 across replicas: GPU reservations in the Kubernetes API, written by the pod webhook
+(`webhook.http.pod_webhook`)."""
 
-from webhook.quota.handlers import validate_pods_handler
 from webhook.quota.reservations import DEFAULT_TTL_S, GpuReservations, configmap_name, reservation_need
 
 __all__ = [
@@ -8,5 +8,4 @@ __all__ = [
     "GpuReservations",
     "configmap_name",
     "reservation_need",
-    "validate_pods_handler",
 ]

@@ -1,4 +1,4 @@
-"""Department moves and department deletes (DESIGN R5, issue 4 parts 1, 3 and 4).
+"""Department moves and department deletes (R5 in docs/RULES.md).
 
 Run:ai cannot change a project's department in place, so moving a project namespace to a platform
 department that maps to another Run:ai department deletes its Run:ai project and creates it again
@@ -176,7 +176,7 @@ class DepartmentMover:
     async def delete_department(self, name: str, *, requested_by: str = "") -> DepartmentDeleteResult:
         """Move the department's projects to the default department, one at a time.
 
-        "The default department" is the absent label (DESIGN §2), not a label set to
+        "The default department" is the absent department label, not a label set to
         `run_ai_default_department`: that setting names a Run:ai department, which need not be a
         platform department's name, and an absent label keeps following it if it changes.
         Stops at the first project that cannot be moved (busy, rolled back, Run:ai unreachable).

@@ -1,4 +1,4 @@
-"""Reading a namespace the watch has not delivered yet, for the pod webhooks (issue 21, item 5).
+"""Reading a namespace the watch has not delivered yet, for the pod webhooks.
 
 A project namespace and its first pod can be created within moments: the pod's review may arrive
 before this replica's namespace watch shows the namespace. That pod must be decided on the

@@ -1,5 +1,5 @@
-"""Which kinds feed the admission caches from the Kubernetes API (DESIGN §1), and how a pod is
-slimmed for them. The list-then-watch machinery itself is `webhook.kube.watch`."""
+"""Which kinds feed the admission caches from the Kubernetes API, and how a pod is slimmed for
+them. The list-then-watch machinery itself is `webhook.kube.watch`."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def default_watches(
     kueue: bool = True,
     timing: WatchTiming | None = None,
 ) -> list[ResourceWatch]:
-    """The caches of DESIGN §1: namespaces, PriorityClasses, the settings ConfigMap, Kueue's
+    """The caches the rules read: namespaces, PriorityClasses, the settings ConfigMap, Kueue's
     LocalQueues, ClusterQueues, ResourceFlavors and Topologies (optional: absent while Kueue's CRDs
     are), ReplicaSets (Deployment pods' group), pods, and Run:ai's admission Deployments."""
     timing = timing or WatchTiming()
