@@ -1,0 +1,265 @@
+"""Rules S1-S3 and S5's queue label compiled for the apiserver: MutatingAdmissionPolicy and
+ValidatingAdmissionPolicy objects, with their bindings, and one parameter ConfigMap per project.
+
+The policies are the same for every project; what differs between projects is in the parameters,
+and the parameters are computed here from the Python decision's own inputs (`core.namespace_plan`:
+the offer, the default priority class with its value), so the CEL only applies what Python
+decided. The policies cover a plain pod of a bound project namespace that chose no node labels
+of its own (no affinity annotations): the webhook keeps every pod that names them, since reading
+a `key=value` list and checking it against the subset is webhook work (`matchConditions`).
+
+Parameter values are strings (a ConfigMap's data). Lists of node labels are written grouped by
+key as `key=v1|v2;key2=v3`: `;`, `|` and `=` cannot appear in a label key or value, so CEL's
+`split` reads them back without ambiguity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.core.enforcement import PRIORITY_CLASS, warns
+from webhook.core.namespace_plan import Grouped, NamespacePlan
+from webhook.snapshot import (
+    AFFINITY_ANNOTATION,
+    ANTI_AFFINITY_ANNOTATION,
+    MIRROR_POD_ANNOTATION,
+    PRIORITY_CLASS_ANNOTATION,
+    PROJECT_LABEL,
+    RUNAI_QUEUE_LABEL,
+    PriorityClassInfo,
+)
+
+# The name of every object this module makes (policies, bindings, and the ConfigMap in each project).
+POLICY_NAME = "scheduling-webhook-pods"
+PARAMS_NAME = "scheduling-webhook-policy"
+GROUP = "admissionregistration.k8s.io"
+# The unrolled cross product of a pod's own required terms and the default affinity keys (CEL in
+# the apiserver has no flatten in every release this supports); a project with more default
+# affinity keys gets `compiled: "false"` and its pods are left to the webhook.
+MAX_AFFINITY_KEYS = 4
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def encode_groups(groups: Grouped) -> str:
+    """(key, values) groups -> `key=v1|v2;key2=v3` (empty: none)."""
+    return ";".join(f"{key}={'|'.join(values)}" for key, values in groups)
+
+
+def policy_params(plan: NamespacePlan, global_default: PriorityClassInfo | None) -> dict[str, str]:
+    """The data of a project's parameter ConfigMap: what the policies apply to its plain pods."""
+    settings = plan.settings
+    offer = plan.offer
+    default_class = plan.default_class
+    compiled = len(plan.affinity_groups) <= MAX_AFFINITY_KEYS
+    return {
+        "compiled": "true" if compiled else "false",
+        "affinityIn": encode_groups(plan.affinity_groups),
+        "antiAffinityNotIn": encode_groups(plan.anti_affinity_groups),
+        "priorityClassName": default_class.name if default_class else "",
+        "priority": str(default_class.value) if default_class else "",
+        "preemptionPolicy": default_class.preemption_policy if default_class else "",
+        "globalDefaultClass": global_default.name if global_default else "",
+        "allowedPriorityClasses": ",".join(offer.priority_classes),
+        # Warn mode admits a class outside the subset with a warning the webhook words: not compiled.
+        "enforcePriorityClasses": "false" if warns(settings, PRIORITY_CLASS) else "true",
+        "runaiQueue": (plan.namespace.runai_queue or "") if settings.run_ai_enable else "",
+    }
+
+
+def params_config_map(namespace: str, data: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": PARAMS_NAME,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "scheduling-webhook"},
+        },
+        "data": dict(data),
+    }
+
+
+def _has_annotation(key: str) -> str:
+    return f"(has(object.metadata.annotations) && '{key}' in object.metadata.annotations)"
+
+
+# Pods the policies take: those the webhook does not have to see for S1-S3.
+MATCH_CONDITIONS = [
+    {"name": "no-mirror-pod", "expression": f"!{_has_annotation(MIRROR_POD_ANNOTATION)}"},
+    {
+        "name": "no-node-label-choice",
+        "expression": f"!{_has_annotation(AFFINITY_ANNOTATION)} && !{_has_annotation(ANTI_AFFINITY_ANNOTATION)}",
+    },
+]
+
+_GROUPS = """params.data.{field} == '' ? [] : params.data.{field}.split(';').map(g, {{
+  'key': dyn(g.split('=')[0]), 'operator': dyn('{operator}'), 'values': dyn(g.split('=')[1].split('|'))}})"""
+
+_OWN_TERMS = (
+    "has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+    f"has(object.spec.affinity.nodeAffinity.{_REQUIRED}) && "
+    f"has(object.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms) ? "
+    f"dyn(object.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms) : dyn([])"
+)
+
+
+def _term(index: int | None) -> str:
+    """An own term `t` ANDed with affinity group `index` (None: no affinity group) and every exclusion."""
+    ours = (
+        "dyn(variables.excluded)" if index is None else f"dyn([variables.affinity[{index}]]) + dyn(variables.excluded)"
+    )
+    expressions = f"dyn(has(t.matchExpressions) ? t.matchExpressions : []) + {ours}"
+    return (
+        f"has(t.matchFields) ? dyn({{'matchExpressions': {expressions}, 'matchFields': t.matchFields}}) "
+        f": dyn({{'matchExpressions': {expressions}}})"
+    )
+
+
+def _combined_terms() -> str:
+    parts = [
+        f"dyn(variables.affinity.size() > {i} ? variables.own.map(t, {_term(i)}) : [])"
+        for i in range(MAX_AFFINITY_KEYS)
+    ]
+    return f"variables.affinity.size() == 0 ? dyn(variables.own.map(t, {_term(None)})) : " + " + ".join(parts)
+
+
+_FRESH_TERMS = (
+    "variables.affinity.size() == 0 ? [dyn({'matchExpressions': variables.excluded})] : "
+    "variables.affinity.map(g, dyn({'matchExpressions': dyn([g]) + dyn(variables.excluded)}))"
+)
+
+_AFFINITY_PATCH = f"""
+variables.affinity.size() == 0 && variables.excluded.size() == 0 ? [] :
+!has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity',
+  value: {{'nodeAffinity': {{'{_REQUIRED}': {{'nodeSelectorTerms': variables.fresh}}}}}}}}] :
+!has(object.spec.affinity.nodeAffinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity',
+  value: {{'{_REQUIRED}': {{'nodeSelectorTerms': variables.fresh}}}}}}] :
+!has(object.spec.affinity.nodeAffinity.{_REQUIRED}) ? [JSONPatch{{op: 'add',
+  path: '/spec/affinity/nodeAffinity/{_REQUIRED}', value: {{'nodeSelectorTerms': variables.fresh}}}}] :
+[JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms', value: variables.combined}}]
+""".strip()
+
+# S1/S3: a pod that names no class, or only the cluster's globalDefault one that the Priority
+# plugin wrote in (unless the workload asked for it with the annotation), gets the default class
+# with its value and preemption policy: the Priority plugin ran before any policy.
+_NAMED_NOTHING = (
+    "!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
+    "(object.spec.priorityClassName == params.data.globalDefaultClass && !("
+    f"{_has_annotation(PRIORITY_CLASS_ANNOTATION)} && "
+    f"object.metadata.annotations['{PRIORITY_CLASS_ANNOTATION}'] == object.spec.priorityClassName))"
+)
+
+_PRIORITY_PATCH = f"""
+params.data.priorityClassName == '' || !({_NAMED_NOTHING}) ? [] : [
+  JSONPatch{{op: 'add', path: '/spec/priorityClassName', value: params.data.priorityClassName}},
+  JSONPatch{{op: 'add', path: '/spec/priority', value: int(params.data.priority)}},
+  JSONPatch{{op: 'add', path: '/spec/preemptionPolicy', value: params.data.preemptionPolicy}}]
+""".strip()
+
+_QUEUE_PATCH = f"""
+params.data.runaiQueue == '' ? [] :
+!has(object.metadata.labels) ? [JSONPatch{{op: 'add', path: '/metadata/labels',
+  value: {{'{RUNAI_QUEUE_LABEL}': params.data.runaiQueue}}}}] :
+[JSONPatch{{op: 'add', path: '/metadata/labels/{RUNAI_QUEUE_LABEL.replace("/", "~1")}', value: params.data.runaiQueue}}]
+""".strip()
+
+# The webhook's message for a class outside the subset (`choices.not_allowed`), word for word.
+_CLASS_MESSAGE = (
+    "'priority class ' + object.spec.priorityClassName + ' not available in project ' + "
+    "namespaceObject.metadata.name + '; allowed: ' + "
+    "(variables.allowed.size() == 0 ? 'none' : variables.allowed.join(', '))"
+)
+
+
+def _match_constraints() -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchExpressions": [{"key": PROJECT_LABEL, "operator": "Exists"}]},
+        "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+    }
+
+
+def _binding(kind: str, api_version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{api_version}",
+        "kind": f"{kind}Binding",
+        "metadata": {"name": POLICY_NAME},
+        "spec": {
+            "policyName": POLICY_NAME,
+            # No namespace: the ConfigMap of the pod's own namespace. Missing parameters deny.
+            "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"},
+            "matchResources": _match_constraints(),
+            **({"validationActions": ["Deny"]} if kind == "ValidatingAdmissionPolicy" else {}),
+        },
+    }
+
+
+def policy_objects(mutating_api_version: str, validating_api_version: str = "v1") -> list[dict[str, Any]]:
+    """The policies and their bindings, in the API versions the apiserver serves (discovery)."""
+    param_kind = {"apiVersion": "v1", "kind": "ConfigMap"}
+    mutating = {
+        "apiVersion": f"{GROUP}/{mutating_api_version}",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME},
+        "spec": {
+            "paramKind": param_kind,
+            "matchConstraints": _match_constraints(),
+            "matchConditions": MATCH_CONDITIONS,
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "variables": [
+                {"name": "compiled", "expression": "params.data.compiled == 'true'"},
+                {"name": "affinity", "expression": _GROUPS.format(field="affinityIn", operator="In")},
+                {"name": "excluded", "expression": _GROUPS.format(field="antiAffinityNotIn", operator="NotIn")},
+                {"name": "own", "expression": _OWN_TERMS},
+                {"name": "fresh", "expression": _FRESH_TERMS},
+                {"name": "combined", "expression": _combined_terms()},
+            ],
+            "mutations": [
+                {"patchType": "JSONPatch", "jsonPatch": {"expression": f"!variables.compiled ? [] : {patch}"}}
+                for patch in (_AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
+            ],
+        },
+    }
+    validating = {
+        "apiVersion": f"{GROUP}/{validating_api_version}",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY_NAME},
+        "spec": {
+            "paramKind": param_kind,
+            "matchConstraints": _match_constraints(),
+            "matchConditions": MATCH_CONDITIONS,
+            "failurePolicy": "Fail",
+            "variables": [
+                {
+                    "name": "allowed",
+                    "expression": "params.data.allowedPriorityClasses == '' ? [] : "
+                    "params.data.allowedPriorityClasses.split(',')",
+                }
+            ],
+            "validations": [
+                {
+                    "expression": f"params.data.compiled != 'true' || params.data.enforcePriorityClasses != 'true' || "
+                    f"{_NAMED_NOTHING} || object.spec.priorityClassName in variables.allowed",
+                    "messageExpression": _CLASS_MESSAGE,
+                    "reason": "Forbidden",
+                }
+            ],
+        },
+    }
+    return [
+        mutating,
+        _binding("MutatingAdmissionPolicy", mutating_api_version),
+        validating,
+        _binding("ValidatingAdmissionPolicy", validating_api_version),
+    ]
+
+
+def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:
+    """The MutatingAdmissionPolicy version to write, from discovery ({groupVersion: [kinds]}):
+    v1 where served, else the beta; None where the apiserver serves neither (policies off)."""
+    for version in ("v1", "v1beta1"):
+        if "MutatingAdmissionPolicy" in served.get(f"{GROUP}/{version}", ()):
+            return version
+    return None
