@@ -10,7 +10,6 @@ import pytest
 
 from tests.support.cluster import namespace, snapshot
 from webhook.core.admission_policies import (
-    MAX_AFFINITY_KEYS,
     PARAMS_NAME,
     POLICY_NAME,
     encode_groups,
@@ -86,13 +85,6 @@ def test_params_follow_the_webhooks_plan(settings: dict[str, Any], name: str, ex
 def test_grouped_labels_are_written_as_key_values_lists() -> None:
     assert encode_groups((("zone", ("a", "b")), ("disk", ("ssd",)))) == "zone=a|b;disk=ssd"
     assert encode_groups(()) == ""
-
-
-def test_too_many_default_affinity_keys_are_left_to_the_webhook() -> None:
-    labels = [f"k{i}=v" for i in range(MAX_AFFINITY_KEYS + 1)]
-    scheduler = {"available": {"affinity": labels, "priorityClasses": ["normal"]}, "defaults": {"affinity": labels}}
-    snap = snapshot(namespaces=[namespace("many")], scheduler=scheduler)
-    assert policy_params(make_plan(snap.namespaces["many"], snap), None)["compiled"] == "false"
 
 
 def test_the_config_map_is_the_one_the_bindings_name() -> None:

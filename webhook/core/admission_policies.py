@@ -34,10 +34,6 @@ from webhook.snapshot import (
 POLICY_NAME = "scheduling-webhook-pods"
 PARAMS_NAME = "scheduling-webhook-policy"
 GROUP = "admissionregistration.k8s.io"
-# The unrolled cross product of a pod's own required terms and the default affinity keys (CEL in
-# the apiserver has no flatten in every release this supports); a project with more default
-# affinity keys gets `compiled: "false"` and its pods are left to the webhook.
-MAX_AFFINITY_KEYS = 4
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
@@ -52,9 +48,9 @@ def policy_params(plan: NamespacePlan, global_default: PriorityClassInfo | None)
     settings = plan.settings
     offer = plan.offer
     default_class = plan.default_class
-    compiled = len(plan.affinity_groups) <= MAX_AFFINITY_KEYS
     return {
-        "compiled": "true" if compiled else "false",
+        "compiled": "true",
+        "maxTerms": str(plan.max_terms),
         "affinityIn": encode_groups(plan.affinity_groups),
         "antiAffinityNotIn": encode_groups(plan.anti_affinity_groups),
         "priorityClassName": default_class.name if default_class else "",
@@ -105,11 +101,9 @@ _OWN_TERMS = (
 )
 
 
-def _term(index: int | None) -> str:
-    """An own term `t` ANDed with affinity group `index` (None: no affinity group) and every exclusion."""
-    ours = (
-        "dyn(variables.excluded)" if index is None else f"dyn([variables.affinity[{index}]]) + dyn(variables.excluded)"
-    )
+def _term(group: str | None) -> str:
+    """An own term `t` ANDed with the affinity expression `group` (None: none) and every exclusion."""
+    ours = "dyn(variables.excluded)" if group is None else f"dyn([{group}]) + dyn(variables.excluded)"
     expressions = f"dyn(has(t.matchExpressions) ? t.matchExpressions : []) + {ours}"
     return (
         f"has(t.matchFields) ? dyn({{'matchExpressions': {expressions}, 'matchFields': t.matchFields}}) "
@@ -117,12 +111,11 @@ def _term(index: int | None) -> str:
     )
 
 
-def _combined_terms() -> str:
-    parts = [
-        f"dyn(variables.affinity.size() > {i} ? variables.own.map(t, {_term(i)}) : [])"
-        for i in range(MAX_AFFINITY_KEYS)
-    ]
-    return f"variables.affinity.size() == 0 ? dyn(variables.own.map(t, {_term(None)})) : " + " + ".join(parts)
+# Term-major like the webhook (`scheduling._combined_terms`): each own term once per affinity key.
+_COMBINED_TERMS = (
+    f"variables.affinity.size() == 0 ? variables.own.map(t, {_term(None)}) : "
+    f"variables.own.map(t, variables.affinity.map(g, {_term('g')})).flatten()"
+)
 
 
 _FRESH_TERMS = (
@@ -130,8 +123,35 @@ _FRESH_TERMS = (
     "variables.affinity.map(g, dyn({'matchExpressions': dyn([g]) + dyn(variables.excluded)}))"
 )
 
+# The webhook's bound on a pod's required terms (`scheduling._inject_node_affinity`), in its words.
+# A policy cannot refuse, so the mutation writes the refusal into an annotation that the validating
+# policy then refuses with; the pod is never stored with it.
+REFUSAL_ANNOTATION = "scheduling.hopsworks.ai/policy-refusal"
+_TERMS_REFUSAL = """
+variables.affinity.size() == 0 && variables.excluded.size() == 0 ? '' :
+variables.own.size() > int(params.data.maxTerms) ?
+  'the pod\\'s required node affinity has ' + string(variables.own.size()) + ' terms, more than the limit of ' +
+  params.data.maxTerms + ': simplify the pod\\'s nodeAffinity' :
+variables.termCount > int(params.data.maxTerms) ?
+  'the pod\\'s required node affinity has ' + string(variables.own.size()) + ' terms; combined with ' +
+  string(variables.affinity.size() == 0 ? 1 : variables.affinity.size()) + ' affinity label keys it would need ' +
+  string(variables.termCount) + ' terms, more than the limit of ' + params.data.maxTerms +
+  ': simplify the pod\\'s nodeAffinity or choose fewer affinity labels' : ''
+""".strip()
+_TERM_COUNT = (
+    "variables.own.size() == 0 ? (variables.affinity.size() == 0 ? 1 : variables.affinity.size()) : "
+    "variables.own.size() * (variables.affinity.size() == 0 ? 1 : variables.affinity.size())"
+)
+_ESCAPED_REFUSAL = REFUSAL_ANNOTATION.replace("/", "~1")
+_REFUSAL_PATCH = f"""
+variables.refusal == '' ? [] :
+!has(object.metadata.annotations) ? [JSONPatch{{op: 'add', path: '/metadata/annotations',
+  value: {{'{REFUSAL_ANNOTATION}': variables.refusal}}}}] :
+[JSONPatch{{op: 'add', path: '/metadata/annotations/{_ESCAPED_REFUSAL}', value: variables.refusal}}]
+""".strip()
+
 _AFFINITY_PATCH = f"""
-variables.affinity.size() == 0 && variables.excluded.size() == 0 ? [] :
+variables.refusal != '' || (variables.affinity.size() == 0 && variables.excluded.size() == 0) ? [] :
 !has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity',
   value: {{'nodeAffinity': {{'{_REQUIRED}': {{'nodeSelectorTerms': variables.fresh}}}}}}}}] :
 !has(object.spec.affinity.nodeAffinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity',
@@ -214,11 +234,13 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                 {"name": "excluded", "expression": _GROUPS.format(field="antiAffinityNotIn", operator="NotIn")},
                 {"name": "own", "expression": _OWN_TERMS},
                 {"name": "fresh", "expression": _FRESH_TERMS},
-                {"name": "combined", "expression": _combined_terms()},
+                {"name": "combined", "expression": _COMBINED_TERMS},
+                {"name": "termCount", "expression": _TERM_COUNT},
+                {"name": "refusal", "expression": _TERMS_REFUSAL},
             ],
             "mutations": [
                 {"patchType": "JSONPatch", "jsonPatch": {"expression": f"!variables.compiled ? [] : {patch}"}}
-                for patch in (_AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
+                for patch in (_REFUSAL_PATCH, _AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
             ],
         },
     }
@@ -240,11 +262,16 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
             ],
             "validations": [
                 {
+                    "expression": f"!{_has_annotation(REFUSAL_ANNOTATION)}",
+                    "messageExpression": f"string(object.metadata.annotations['{REFUSAL_ANNOTATION}'])",
+                    "reason": "Forbidden",
+                },
+                {
                     "expression": f"params.data.compiled != 'true' || params.data.enforcePriorityClasses != 'true' || "
                     f"{_NAMED_NOTHING} || object.spec.priorityClassName in variables.allowed",
                     "messageExpression": _CLASS_MESSAGE,
                     "reason": "Forbidden",
-                }
+                },
             ],
         },
     }
