@@ -15,12 +15,17 @@ from __future__ import annotations
 import copy
 import json
 import re
+import ssl
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.cluster import PRIORITY_CLASSES, SCHEDULER, cluster_state, namespace, priority_class
 from tests.support.control_plane.cluster import ADMISSION_POLICY_BETA_ARGS, ControlPlane, control_plane
@@ -126,13 +131,27 @@ def _manifest(pod: Pod, name: str, ns: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def _call(cp: ControlPlane, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+    """One call over HTTPS as the admin, without a kubectl process: the timing test needs the resolution."""
+    config = yaml.safe_load(cp.admin_kubeconfig.read_text())
+    user = config["users"][0]["user"]
+    context = ssl.create_default_context(cafile=str(cp.pki.ca_file))
+    context.load_cert_chain(user["client-certificate"], user["client-key"])
+    request = urllib.request.Request(
+        f"{cp.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": content_type}, method=method
+    )
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        return json.loads(response.read())
+
+
 def _create(cp: ControlPlane, pod: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The pod the apiserver would store (server-side dry run), or None and its refusal message."""
-    result = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(pod), check=False)
-    if result.returncode == 0:
-        return json.loads(result.stdout), ""
-    match = re.search(r"denied request: (.*)$", result.stderr.strip())
-    return None, match.group(1) if match else result.stderr.strip()
+    """The pod the apiserver would store (a server-side dry run), or None and its refusal message."""
+    try:
+        return _call(cp, "POST", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods?dryRun=All", pod), ""
+    except urllib.error.HTTPError as error:
+        message = json.loads(error.read()).get("message", "")
+        match = re.search(r"denied request: (.*)$", message)
+        return None, match.group(1) if match else message
 
 
 def _stored(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -250,7 +269,8 @@ def test_a_project_without_parameters_is_refused_naming_the_cause(cp: ControlPla
 def _class_of_next_pod(cp: ControlPlane, ns: str) -> str | None:
     stored, message = _create(cp, _manifest(Pod("next"), "next", ns))
     assert stored is not None, message
-    return stored["spec"].get("priorityClassName")
+    name = stored["spec"].get("priorityClassName")
+    return None if name is None else str(name)
 
 
 def test_a_changed_default_takes_effect_soon_then_stays(cp: ControlPlane, pytestconfig: pytest.Config) -> None:
@@ -258,24 +278,47 @@ def test_a_changed_default_takes_effect_soon_then_stays(cp: ControlPlane, pytest
     so the pods switch to the new default some time after the write (eventually consistent), and
     from the first pod that has it, every later pod has it too (stable)."""
     assert _class_of_next_pod(cp, "churn") == "normal"
-    changed = copy.deepcopy(SCHEDULER)
+    changed: dict[str, Any] = copy.deepcopy(SCHEDULER)
     changed["defaults"]["priorityClass"] = "batch"
+    created: list[tuple[float, float, str | None]] = []  # (sent, answered, class)
+    stop = threading.Event()
+
+    def create_pods() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            created.append((sent, time.monotonic(), _class_of_next_pod(cp, "churn")))
+
+    creator = threading.Thread(target=create_pods)
+    creator.start()
     try:
-        written = time.monotonic()
-        _write_params(cp, cluster_state(namespaces=PROJECTS, scheduler=changed).snapshot())
-        seen = []
-        while (current := _class_of_next_pod(cp, "churn")) != "batch":
-            assert current == "normal", current
-            seen.append(current)
-            assert time.monotonic() - written < 30, "the new default never applied"
-        took = time.monotonic() - written
-        # Stable: no later pod goes back to the old default.
-        assert [_class_of_next_pod(cp, "churn") for _ in range(20)] == ["batch"] * 20
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"compiled policies: changed default applied {took:.2f} s after the parameter write returned "
-                f"({len(seen)} pods created with the old one in between)"
-            )
+        time.sleep(0.5)
+        snapshot = cluster_state(namespaces=PROJECTS, scheduler=changed).snapshot()
+        data = policy_params(make_plan(snapshot.namespaces["churn"], snapshot), None)
+        write_sent = time.monotonic()
+        path = f"/api/v1/namespaces/churn/configmaps/{PARAMS_NAME}"
+        _call(cp, "PATCH", path, {"data": data}, "application/merge-patch+json")
+        write_done = time.monotonic()
+        deadline = write_done + 30
+        while not any(c == "batch" for _, _, c in created):
+            assert time.monotonic() < deadline, "the new default never applied"
+            time.sleep(0.05)
+        time.sleep(1.0)
     finally:
+        stop.set()
+        creator.join()
         _write_params(cp, cluster_state(namespaces=PROJECTS).snapshot())
+    classes = [c for _, _, c in created]
+    first_new = classes.index("batch")
+    assert set(classes[:first_new]) == {"normal"}
+    # Stable: no pod after the first with the new default goes back to the old one.
+    assert set(classes[first_new:]) == {"batch"}, classes
+    assert len(classes) - first_new >= 5
+    last_old_sent = max((sent for sent, _, c in created if c == "normal"), default=write_sent)
+    first_new_sent = created[first_new][0]
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"compiled policies: parameter write took {write_done - write_sent:.3f} s; last pod with the old default "
+            f"sent {last_old_sent - write_done:+.3f} s and first with the new one {first_new_sent - write_done:+.3f} s "
+            f"after it returned; {len(classes)} pods, {len(classes) - first_new} with the new default"
+        )
