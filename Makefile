@@ -13,6 +13,10 @@ PORT   ?= 8443
 DEV_CERTS ?= certs/dev
 # Where `make peers` puts the real peers the tests run (bin/, share/); share it between clones.
 PEERS_DIR ?= .peers
+# The Kubernetes and Helm releases the peers are built for and the tests run; empty: the defaults of
+# hack/peers/releases. Each release's peers live side by side: `make test KUBE_VERSION=v1.35.4`.
+export KUBE_VERSION
+export HELM_VERSION
 
 # "<major>.<minor> <supported>" of the interpreter asked for and of the one in the venv (empty when
 # there is none). A venv made by another Python is recreated rather than patched: pip cannot fix it.
