@@ -62,6 +62,11 @@ def helm(*args: str, kubeconfig: Path | None = None, values: Mapping[str, Any] |
 OFFLINE_CA = "certs.helm.renderWithoutCluster=true"
 
 
+def helm_major() -> int:
+    """The major release of the helm the tests run (HELM_VERSION): 4 applies server-side."""
+    return int(peers.helm_version().lstrip("v").split(".")[0])
+
+
 def template(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> str:
     """`helm template` of the chart for these values: the YAML an install would apply (certs.mode
     helm's certificates issued for this render only)."""
