@@ -36,7 +36,7 @@ from tests.support.control_plane.pki import ClientCert, Pki, WebhookClient, clie
 from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
 
-KUBE_VERSION = "v1.35.4"
+KUBE_VERSION = peers.kube_version()
 GPU = "nvidia.com/gpu"
 # Pods that really run (tests/support/control_plane/pod_runner.py), which kwok must leave alone.
 REAL_PODS_LABEL = "app.kubernetes.io/name"
