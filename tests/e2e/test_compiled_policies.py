@@ -5,9 +5,9 @@ A differential table: each pod is created (server-side dry run) in a project nam
 the compiled policies act, and, as the webhook alone would leave it, in a namespace no policy or
 webhook selects: the pod the webhook reviews (after the apiserver's defaults and Priority plugin)
 is patched by `mutate_pod` and created there. The stored pods must be identical, and so must the
-refusals and their messages. The apiserver here is 1.35.4 with the MutatingAdmissionPolicy beta
-switched on (`ADMISSION_POLICY_BETA_ARGS`); the policies are written in the version its discovery
-serves. No chart is installed: these pods meet no webhook.
+refusals and their messages. The apiserver is the release KUBE_VERSION chooses; on 1.35 the
+MutatingAdmissionPolicy beta is switched on (`admission_policy_args`). The policies are written in
+the version its discovery serves. No chart is installed: these pods meet no webhook.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests.support.cluster import PRIORITY_CLASSES, SCHEDULER, cluster_state, namespace, priority_class
-from tests.support.control_plane.cluster import ADMISSION_POLICY_BETA_ARGS, ControlPlane, control_plane
+from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, admission_policy_args, control_plane
 from tests.support.reviews import apply_patch
 from webhook.core.admission_policies import (
     GROUP,
@@ -185,11 +185,12 @@ def _write_params(cp: ControlPlane, snapshot: ClusterSnapshot) -> None:
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with control_plane(tmp_path_factory.mktemp("policies-cp"), apiserver_args=ADMISSION_POLICY_BETA_ARGS) as plane:
+    with control_plane(tmp_path_factory.mktemp("policies-cp"), apiserver_args=admission_policy_args()) as plane:
         plane.apply([priority_class(n, v, p, g) for n, v, p, g in PRIORITY_CLASSES])
         plane.apply([*PROJECTS, namespace(REFERENCE, project=False), namespace("unparametrised")])
         version = served_mutating_version(_served(plane))
-        assert version == "v1beta1", _served(plane)
+        # GA (v1) from 1.36; 1.35 serves the beta once switched on.
+        assert version == ("v1beta1" if admission_policy_args() else "v1"), (KUBE_VERSION, _served(plane))
         plane.apply(policy_objects(version))
         _write_params(plane, cluster_state(namespaces=PROJECTS).snapshot())
         deadline = time.monotonic() + 60

@@ -101,12 +101,23 @@ _OWN_TERMS = (
 )
 
 
+def _plain(requirements: str) -> str:
+    """The pod's own node selector requirements as plain maps: 1.37 cannot put its typed objects
+    and the maps CEL builds into one JSON patch value."""
+    return (
+        f"{requirements}.map(e, has(e.values) ? "
+        "dyn({'key': dyn(e.key), 'operator': dyn(e.operator), 'values': dyn(e.values.map(v, string(v)))}) : "
+        "dyn({'key': dyn(e.key), 'operator': dyn(e.operator)}))"
+    )
+
+
 def _term(group: str | None) -> str:
     """An own term `t` ANDed with the affinity expression `group` (None: none) and every exclusion."""
     ours = "dyn(variables.excluded)" if group is None else f"dyn([{group}]) + dyn(variables.excluded)"
-    expressions = f"dyn(has(t.matchExpressions) ? t.matchExpressions : []) + {ours}"
+    expressions = f"dyn(has(t.matchExpressions) ? {_plain('t.matchExpressions')} : []) + {ours}"
+    fields = _plain("t.matchFields")
     return (
-        f"has(t.matchFields) ? dyn({{'matchExpressions': {expressions}, 'matchFields': t.matchFields}}) "
+        f"has(t.matchFields) ? dyn({{'matchExpressions': {expressions}, 'matchFields': dyn({fields})}}) "
         f": dyn({{'matchExpressions': {expressions}}})"
     )
 

@@ -215,6 +215,12 @@ ADMISSION_POLICY_BETA_ARGS = (
 )
 
 
+def admission_policy_args(version: str = KUBE_VERSION) -> tuple[str, ...]:
+    """The apiserver arguments that make `version` (`v1.X.Y`) serve MutatingAdmissionPolicy."""
+    minor = int(version.lstrip("v").split(".")[1])
+    return ADMISSION_POLICY_BETA_ARGS if minor < 36 else ()
+
+
 def start_control_plane(
     dir: Path,
     nodes: Sequence[FakeNode] = DEFAULT_NODES,
