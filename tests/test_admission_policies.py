@@ -12,6 +12,7 @@ from tests.support.cluster import namespace, snapshot
 from webhook.core.admission_policies import (
     PARAMS_NAME,
     POLICY_NAME,
+    desired_objects,
     encode_groups,
     params_config_map,
     policy_objects,
@@ -121,3 +122,29 @@ def test_the_mutating_version_is_the_one_the_apiserver_serves(
     served: dict[str, list[str]], expected: str | None
 ) -> None:
     assert served_mutating_version(served) == expected
+
+
+def _kinds_and_namespaces(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"].get("namespace", "")) for o in objects]
+
+
+def test_the_leader_writes_nothing_where_the_apiserver_serves_no_mutating_policy() -> None:
+    assert desired_objects(snapshot(namespaces=[namespace("churn")]), None) == []
+
+
+def test_the_leader_writes_the_policies_and_the_parameters_of_every_project() -> None:
+    snap = snapshot(namespaces=[namespace("churn"), FRAUD, namespace("plain", project=False)])
+    assert _kinds_and_namespaces(desired_objects(snap, "v1"))[4:] == [("ConfigMap", "churn"), ("ConfigMap", "fraud")]
+
+
+def test_with_runai_an_unbound_project_gets_no_parameters_so_its_pods_are_denied() -> None:
+    snap = snapshot(namespaces=[namespace("churn"), BOUND], run_ai_enable=True)
+    objects = desired_objects(snap, "v1")
+    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound")]
+    assert objects[4]["data"]["runaiQueue"] == "bound"
+
+
+def test_the_parameters_name_the_clusters_global_default_class() -> None:
+    classes = [("batch", 1000, "Never", False), ("normal", 10000, None, True), ("urgent", 100000, None, False)]
+    snap = snapshot(namespaces=[namespace("churn")], priority_classes=classes)
+    assert desired_objects(snap, "v1")[4]["data"]["globalDefaultClass"] == "normal"

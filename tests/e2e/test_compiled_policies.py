@@ -33,8 +33,7 @@ from tests.support.reviews import apply_patch
 from webhook.core.admission_policies import (
     GROUP,
     PARAMS_NAME,
-    params_config_map,
-    policy_objects,
+    desired_objects,
     policy_params,
     served_mutating_version,
 )
@@ -174,13 +173,8 @@ def _served(cp: ControlPlane) -> dict[str, list[str]]:
 
 
 def _write_params(cp: ControlPlane, snapshot: ClusterSnapshot) -> None:
-    global_default = next((c for c in snapshot.priority_classes.values() if c.global_default), None)
-    config_maps = [
-        params_config_map(ns["metadata"]["name"], policy_params(make_plan(snapshot.namespaces[ns["metadata"]["name"]],
-                                                                          snapshot), global_default))
-        for ns in PROJECTS
-    ]  # fmt: skip
-    cp.apply(config_maps)
+    """The parameter ConfigMaps the leader would write for `snapshot`."""
+    cp.apply([o for o in desired_objects(snapshot, "v1") if o["kind"] == "ConfigMap"])
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +185,7 @@ def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         version = served_mutating_version(_served(plane))
         # GA (v1) from 1.36; 1.35 serves the beta once switched on.
         assert version == ("v1beta1" if admission_policy_args() else "v1"), (KUBE_VERSION, _served(plane))
-        plane.apply(policy_objects(version))
-        _write_params(plane, cluster_state(namespaces=PROJECTS).snapshot())
+        plane.apply(desired_objects(cluster_state(namespaces=PROJECTS).snapshot(), version))
         deadline = time.monotonic() + 60
         for ns in (*PROJECTS, namespace(REFERENCE, project=False)):  # the ServiceAccount admission needs it
             while plane.kubectl("get", "sa", "default", "-n", ns["metadata"]["name"], check=False).returncode:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core.enforcement import PRIORITY_CLASS, warns
-from webhook.core.namespace_plan import Grouped, NamespacePlan
+from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
 from webhook.snapshot import (
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
@@ -27,6 +27,7 @@ from webhook.snapshot import (
     PRIORITY_CLASS_ANNOTATION,
     PROJECT_LABEL,
     RUNAI_QUEUE_LABEL,
+    ClusterSnapshot,
     PriorityClassInfo,
 )
 
@@ -301,3 +302,23 @@ def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:
         if "MutatingAdmissionPolicy" in served.get(f"{GROUP}/{version}", ()):
             return version
     return None
+
+
+def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None) -> list[dict[str, Any]]:
+    """What the leader is to keep written (server-side apply): the policies and their bindings, and
+    the parameters of every project namespace whose pods they may take. None for the version (the
+    apiserver serves no MutatingAdmissionPolicy): nothing, the webhook decides every pod.
+
+    With Run:ai on, a namespace not bound yet gets no parameters: its pods are denied by the
+    bindings until the webhook has bound it (R2)."""
+    if mutating_api_version is None:
+        return []
+    settings = snapshot.settings
+    global_default = next((c for c in snapshot.priority_classes.values() if c.global_default), None)
+    objects = policy_objects(mutating_api_version)
+    for name in sorted(snapshot.namespaces):
+        record = snapshot.namespaces[name]
+        if PROJECT_LABEL not in record.labels or (settings.run_ai_enable and record.runai_queue is None):
+            continue
+        objects.append(params_config_map(name, policy_params(namespace_plan(record, snapshot), global_default)))
+    return objects
