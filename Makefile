@@ -13,6 +13,10 @@ PORT   ?= 8443
 DEV_CERTS ?= certs/dev
 # Where `make peers` puts the real peers the tests run (bin/, share/); share it between clones.
 PEERS_DIR ?= .peers
+# The Kubernetes and Helm releases the peers are built for and the tests run; empty: the defaults of
+# hack/peers/releases. Each release's peers live side by side: `make test KUBE_VERSION=v1.35.4`.
+export KUBE_VERSION
+export HELM_VERSION
 
 # "<major>.<minor> <supported>" of the interpreter asked for and of the one in the venv (empty when
 # there is none). A venv made by another Python is recreated rather than patched: pip cannot fix it.
@@ -80,10 +84,12 @@ e2e: $(STAMP)
 	@test -n "$(KUBECONFIG)" || { echo "make e2e needs KUBECONFIG=path of a cluster with the install"; exit 2; }
 	SCHEDULING_WEBHOOK_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e
 
-# The plain YAML in manifests/ from the chart (helm template; tests/test_chart_plain.py fails when they drift).
+# The plain YAML in manifests/ from the chart (helm template; tests/test_chart_plain.py fails when they
+# drift), and docs/values.md from the chart's schema (tests/test_chart.py fails when it drifts).
 manifests: $(STAMP)
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh helm
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m tests.support.chart
+	$(BIN)/python -m tests.support.values_reference
 
 # A kind cluster, the image built and loaded, the chart installed, the e2e suite, the cluster deleted.
 e2e-kind:

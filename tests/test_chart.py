@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.support import chart
+from tests.support import chart, values_reference
 from tests.support.chart import HelmFailed
 from webhook.core.workloads import WORKLOAD_KINDS
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
@@ -339,7 +340,8 @@ def test_cert_manager_with_an_issuer_of_the_cluster_and_refusals(ca_bundle: str)
 def test_metrics_switches_add_scrape_annotations_a_service_monitor_and_alert_rules(ca_bundle: str) -> None:
     plain = render(given_ca(ca_bundle))
     assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in plain}
-    metrics = {"scrapeAnnotations": True, "serviceMonitor": True, "alertRules": True}
+    monitor_values = {"enabled": True, "labels": {"release": "prometheus"}, "interval": "15s"}
+    metrics = {"scrapeAnnotations": True, "serviceMonitor": monitor_values, "alertRules": True}
     objects = render({**given_ca(ca_bundle), "metrics": metrics}, "platform")
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
@@ -350,10 +352,19 @@ def test_metrics_switches_add_scrape_annotations_a_service_monitor_and_alert_rul
     service = next(o for o in objects if o["kind"] == "Service")
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["tlsConfig"]["serverName"] == "scheduling-webhook.platform.svc"
+    # What the operator's Prometheus selects ServiceMonitors by, and how often it scrapes.
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/name"] == "scheduling-webhook"
+    assert endpoint["interval"] == "15s"
     rule = one(objects, "PrometheusRule")
     summaries = [r["annotations"]["summary"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert any("{{ $labels.deployment }}" in s for s in summaries), summaries  # Prometheus's template, not helm's
-    refused({"metrics": {"serviceMonitor": "yes"}}, "at '/metrics/serviceMonitor': got string, want boolean")
+    refused({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled")
+    refused({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval")
+    refused(
+        {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"app.kubernetes.io/name": "x"}}}},
+        "metrics.serviceMonitor.labels.app.kubernetes.io/name is a label the chart sets itself",
+    )
 
 
 # -- refusals ----------------------------------------------------------------------------------
@@ -1090,3 +1101,153 @@ def test_the_log_values_become_the_servers_log_options() -> None:
     ]
     with pytest.raises(HelmFailed):
         chart.render({"log": {"format": "logfmt"}})
+
+
+# -- the values operators expect from a chart ------------------------------------------------------
+
+
+def test_pull_secrets_node_selector_tolerations_and_affinity_reach_the_pod(ca_bundle: str) -> None:
+    placement = {
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+        "nodeSelector": {"node-role.example.com/infra": "true"},
+        "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    }  # fmt: skip
+    deployment = one(render({**given_ca(ca_bundle), **placement}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    for key, value in placement.items():
+        assert pod[key] == value, key
+    # The chart's own spread of the replicas stays beside the operator's placement.
+    assert {t["topologyKey"] for t in pod["topologySpreadConstraints"]} == {
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    }
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deployment, version, strict=True)
+    # By default none of them is set: the pod goes wherever the scheduler puts it.
+    default_pod = one(render(given_ca(ca_bundle)), "Deployment")["spec"]["template"]["spec"]
+    assert not set(placement) & set(default_pod)
+    refused({"tolerations": [{"key": "infra", "operator": "Maybe"}]}, "/tolerations/0/operator")
+    refused({"imagePullSecrets": ["registry-credentials"]}, "/imagePullSecrets/0")
+
+
+def test_security_contexts_can_be_overridden_and_leave_the_uid_to_the_platform(ca_bundle: str) -> None:
+    # OpenShift's restricted SCC assigns each namespace a UID range and refuses a pod that names
+    # another UID: the values must be able to leave the UID, GID and fsGroup out entirely.
+    platform_uid = {
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+        "securityContext": {"runAsUser": None, "runAsGroup": None},
+    }
+    objects = render({**given_ca(ca_bundle), **platform_uid})
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(objects)
+    for key in ("runAsUser", "runAsGroup", "fsGroup"):
+        assert key not in pod["securityContext"], key
+    for key in ("runAsUser", "runAsGroup"):
+        assert key not in c["securityContext"], key
+    # What does not name an identity stays hardened.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deployment, version, strict=True)
+
+    other = render({**given_ca(ca_bundle), "podSecurityContext": {"runAsUser": 20000, "fsGroup": 20000},
+                    "securityContext": {"runAsUser": 20000}})  # fmt: skip
+    assert one(other, "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 20000
+    assert container(other)["securityContext"]["runAsUser"] == 20000
+    refused({"securityContext": {"runAsUsr": 1}}, "runAsUsr")
+    refused({"podSecurityContext": {"runAsUser": "root"}}, "/podSecurityContext/runAsUser")
+
+
+def test_pod_labels_and_extra_env_are_added_beside_the_charts_own(ca_bundle: str) -> None:
+    values = {
+        **given_ca(ca_bundle),
+        "podLabels": {"team": "platform", "cost-center": "ml"},
+        "extraEnv": [
+            {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+    }
+    objects = render(values)
+    deployment = one(objects, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "platform" and labels["cost-center"] == "ml"
+    assert labels["app.kubernetes.io/name"] == "scheduling-webhook"
+    c = container(objects)
+    names = [e["name"] for e in c["env"]]
+    assert names[-2:] == ["HTTPS_PROXY", "NODE_NAME"]
+    assert env_value(c, "NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env_value(c, "POD_NAMESPACE") == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert len(set(names)) == len(names)
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deployment, version, strict=True)
+    # The Service, the PDB and the spread select on the chart's labels; the server reads its own
+    # variables: neither may be replaced by a value.
+    refused({"podLabels": {"app.kubernetes.io/name": "other"}},
+            "podLabels.app.kubernetes.io/name is a label the chart sets itself")  # fmt: skip
+    refused({"extraEnv": [{"name": "SCHEDULING_WEBHOOK_INSTALLERS", "value": "anyone"}]},
+            "extraEnv names SCHEDULING_WEBHOOK_INSTALLERS, which the chart sets itself")  # fmt: skip
+    refused({"extraEnv": [{"value": "no name"}]}, "/extraEnv/0")
+    refused({"podLabels": {"team": "has spaces"}}, "/podLabels/team")
+
+
+def test_service_account_annotations(ca_bundle: str) -> None:
+    annotations = {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/scheduling-webhook"}
+    account = one(render({**given_ca(ca_bundle), "serviceAccount": {"annotations": annotations}}), "ServiceAccount")
+    assert account["metadata"]["annotations"] == annotations
+    assert "annotations" not in one(render(given_ca(ca_bundle)), "ServiceAccount")["metadata"]
+
+
+def test_every_object_carries_the_standard_labels() -> None:
+    chart_yaml = yaml.safe_load((chart.CHART / "Chart.yaml").read_text())
+    text = chart.helm("template", "platform-hooks", str(chart.CHART), "--namespace", "hopsworks",
+                      "--set", chart.OFFLINE_CA)  # fmt: skip
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    assert objects
+    for obj in objects:
+        labels = obj["metadata"].get("labels") or {}
+        where = f"{obj['kind']} {obj['metadata']['name']}"
+        assert labels.get("app.kubernetes.io/instance") == "platform-hooks", where
+        assert labels.get("helm.sh/chart") == f"{chart_yaml['name']}-{chart_yaml['version']}", where
+    # The selectors keep to the name: a second release or a chart upgrade never changes what they pick.
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "scheduling-webhook"}
+
+
+def test_certs_mode_helm_is_refused_without_a_cluster_unless_asked(ca_bundle: str) -> None:
+    """Argo CD renders with `helm template`, where lookup finds nothing: certs.mode helm would issue
+    a new CA at every sync. The chart tells (kube-system is not found) and refuses, naming the modes
+    to use; the other modes, and a render that says it is applied once, are rendered."""
+    with pytest.raises(HelmFailed) as failed:
+        chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "hopsworks")
+    assert "With GitOps use certs.mode certManager or secret" in failed.value.stderr, failed.value.stderr
+    for values in (given_ca(ca_bundle), {"certs": {"mode": "certManager"}}):
+        chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "hopsworks", values=values)
+    chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "hopsworks", "--set", chart.OFFLINE_CA)
+
+
+def test_the_values_reference_is_generated_from_the_schema() -> None:
+    assert values_reference.PAGE.read_text() == values_reference.current(), (
+        "docs/values.md is not what the chart's schema says: run `make manifests`"
+    )
+    schema = json.loads((chart.CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+
+    def paths(node: Any, prefix: str = "") -> Iterator[str]:
+        if isinstance(node, dict):
+            for key, child in node.items():
+                yield f"{prefix}{key}"
+                yield from paths(child, f"{prefix}{key}.")
+
+    page = values_reference.PAGE.read_text()
+    for path in paths(values):
+        described = not path.startswith("variables.scheduler.") and not path.startswith("resources.")
+        if described:
+            assert f"| `{path}` |" in page, f"{path} of values.yaml has no row in docs/values.md"
+    del schema["properties"]["image"]["properties"]["tag"]["description"]
+    with pytest.raises(ValueError, match=re.escape("image.tag has no description")):
+        values_reference.reference(schema, values)

@@ -12,7 +12,9 @@ KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.32.2@sha256:f226345927d7e3484
 IMAGE=${IMAGE:-scheduling-webhook:e2e}
 PYTHON=${PYTHON:-.venv/bin/python}
 PEERS_DIR=${PEERS_DIR:-.peers}
-HELM=${HELM:-$( [ -x "$PEERS_DIR/bin/helm" ] && echo "$PEERS_DIR/bin/helm" || echo helm )}
+# The helm `make peers` builds lives under its release (hack/peers/releases: HELM_VERSION).
+HELM_RELEASE=${HELM_VERSION:-$(awk '$1 == "HELM_VERSION" { print $2 }' hack/peers/releases)}
+HELM=${HELM:-$( [ -x "$PEERS_DIR/helm/$HELM_RELEASE/bin/helm" ] && echo "$PEERS_DIR/helm/$HELM_RELEASE/bin/helm" || echo helm )}
 ARTIFACTS=${ARTIFACTS:-$(mktemp -d)}
 
 missing=()

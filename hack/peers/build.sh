@@ -16,6 +16,12 @@
 # built inside the extracted tree, with its own go.mod; `files` then names paths in that tree
 # (module `.`).
 #
+# A module built per release of something it follows (Kubernetes, Helm) is listed in `releases`
+# beside this script with the variable that chooses the release and its default: its pins are in
+# hack/peers/MODULE/RELEASE/ (go.mod, go.sum, and `ldflags`, `binaries`, `files` where they differ
+# from the module folder's own), and what it builds goes to $PEERS_DIR/MODULE/RELEASE/bin and share,
+# so that the releases live side by side: `KUBE_VERSION=v1.35.4 hack/peers/build.sh kube`.
+#
 # Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
 # unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
 # binaries are all there is not built again: a second run builds nothing and calls no go command.
@@ -74,67 +80,94 @@ source_tree() {
   printf '%s' "$dest/$top"
 }
 
+# The release a module is built for ("" for a module built once): its variable in the environment,
+# else the default in `releases`.
+release_of() {
+  local module=$1 var default mods
+  while read -r var default mods; do
+    [[ -z ${var:-} || $var == \#* ]] && continue
+    if [[ " $mods " == *" $module "* ]]; then printf '%s' "${!var:-$default}"; return; fi
+  done < "$PEERS_HACK/releases"
+}
+
+# A module's file: the release's own, else the module folder's.
+module_file() {
+  local dir=$1 pins=$2 name=$3
+  if [ -f "$pins/$name" ]; then printf '%s' "$pins/$name"; else printf '%s' "$dir/$name"; fi
+}
+
 build_module() {
-  local module=$1 dir=$PEERS_HACK/$1 tree=""
+  local module=$1 dir=$PEERS_HACK/$1 tree="" release label=$1
+  release=$(release_of "$module")
+  local pins=$dir bin=$PEERS_DIR/bin share=$PEERS_DIR/share stampfile=$PEERS_DIR/stamps/$module
+  if [ -n "$release" ]; then
+    pins=$dir/$release bin=$PEERS_DIR/$module/$release/bin share=$PEERS_DIR/$module/$release/share
+    stampfile=$PEERS_DIR/stamps/$module@$release label="$module $release"
+    [ -f "$pins/go.mod" ] || die "$module: no release $release pinned (hack/peers/$module/$release/go.mod; pinned: $(cd "$dir" && ls -d v*/ 2>/dev/null | tr -d / | tr '\n' ' '))"
+    mkdir -p "$bin" "$share"
+  fi
   if [ -f "$dir/source" ]; then
     tree=$(source_tree "$module")
   else
-    [ -f "$dir/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
+    [ -f "$pins/go.mod" ] || die "no module $module (hack/peers/$module/go.mod)"
   fi
-  local srcdir=${tree:-$dir}
+  local srcdir=${tree:-$pins}
+  local binaries files ldflagsfile
+  binaries=$(module_file "$dir" "$pins" binaries) files=$(module_file "$dir" "$pins" files)
+  ldflagsfile=$(module_file "$dir" "$pins" ldflags)
   local names=() pkgs=()
-  if [ -f "$dir/binaries" ]; then
+  if [ -f "$binaries" ]; then
     while read -r name pkg _; do
       [[ -z ${name:-} || $name == \#* ]] && continue
       names+=("$name"); pkgs+=("$pkg")
-    done < "$dir/binaries"
+    done < "$binaries"
   fi
   local ldflags=""
-  [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
+  [ -f "$ldflagsfile" ] && ldflags=$(grep -v '^#' "$ldflagsfile" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/source" 2>/dev/null || true; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$pins/go.mod" "$pins/go.sum" "$dir/source" 2>/dev/null || true; cat "$binaries" "$files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
-  for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
-  if [ -f "$dir/files" ]; then
+  for name in "${names[@]}"; do [ -x "$bin/$name" ] || missing=1; done
+  if [ -f "$files" ]; then
     while read -r mod _ dest _; do
-      [[ -z ${mod:-} || $mod == \#* ]] || [ -d "$PEERS_DIR/share/$dest" ] || missing=1
-    done < "$dir/files"
+      [[ -z ${mod:-} || $mod == \#* ]] || [ -d "$share/$dest" ] || missing=1
+    done < "$files"
   fi
-  if [ $missing -eq 0 ] && [ "$(cat "$PEERS_DIR/stamps/$module" 2>/dev/null)" = "$stamp" ]; then
-    say "$module: up to date (${names[*]:-files only})"
+  if [ $missing -eq 0 ] && [ "$(cat "$stampfile" 2>/dev/null)" = "$stamp" ]; then
+    say "$label: up to date (${names[*]:-files only})"
     return
   fi
-  say "$module: resolving modules (GOPROXY=$(go env GOPROXY))"
+  say "$label: resolving modules (GOPROXY=$(go env GOPROXY))"
   local err
   # The module graph (go.mod files only): the first thing that fails when the proxy is unreachable.
   if ! err=$(cd "$srcdir" && go list -m all 2>&1 >/dev/null); then
-    die "$module: cannot download its Go modules from GOPROXY=$(go env GOPROXY): $(printf '%s' "$err" | grep -m1 -v '^go: downloading')"
+    die "$label: cannot download its Go modules from GOPROXY=$(go env GOPROXY): $(printf '%s' "$err" | grep -m1 -v '^go: downloading')"
   fi
   local start=$SECONDS
   if [ ${#pkgs[@]} -gt 0 ]; then
-    local out="$PEERS_DIR/bin/.build-$module"
+    local out="$bin/.build-$module"
     rm -rf "$out"; mkdir -p "$out"
-    say "$module: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
+    say "$label: building ${names[*]} (a cold build compiles a few thousand packages; progress every 250)"
     # -v names each package as it is compiled: counted here into a progress line.
     set +e
     ( cd "$srcdir" && CGO_ENABLED=0 go build -v -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 ) |
-      awk -v m="$module" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
+      awk -v m="$label" '/^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "peers: %s: %d packages compiled\n", m, n > "/dev/stderr" } ; next } { print > "/dev/stderr" }'
     local rc=${PIPESTATUS[0]}
     set -e
-    [ "$rc" -eq 0 ] || die "$module: go build failed (exit $rc); its output is above"
+    [ "$rc" -eq 0 ] || die "$label: go build failed (exit $rc); its output is above"
     for i in "${!names[@]}"; do
-      mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
+      mv -f "$out/$(default_name "${pkgs[$i]}")" "$bin/${names[$i]}"
     done
     rm -rf "$out"
   fi
-  copy_files "$module" "$dir" "$tree"
-  printf '%s\n' "$stamp" > "$PEERS_DIR/stamps/$module"
-  say "$module: done in $((SECONDS - start)) s (into $PEERS_DIR)"
+  copy_files "$label" "$pins" "$files" "$share" "$tree"
+  printf '%s\n' "$stamp" > "$stampfile"
+  say "$label: done in $((SECONDS - start)) s (into ${bin%/bin})"
 }
 
 copy_files() {
-  local module=$1 dir=$2 tree=${3:-}
-  [ -f "$dir/files" ] || return 0
+  local module=$1 dir=$2 list=$3 share=$4 tree=${5:-}
+  [ -f "$list" ] || return 0
   while read -r mod path dest _; do
     [[ -z ${mod:-} || $mod == \#* ]] && continue
     local src
@@ -144,16 +177,18 @@ copy_files() {
       src=$(cd "$dir" && go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
     fi
     [ -e "$src/$path" ] || die "$module: $mod has no $path"
-    rm -rf "$PEERS_DIR/share/$dest"; mkdir -p "$PEERS_DIR/share/$dest"
-    cp -R "$src/$path/." "$PEERS_DIR/share/$dest/"
-    chmod -R u+w "$PEERS_DIR/share/$dest"
-  done < "$dir/files"
+    rm -rf "${share:?}/$dest"; mkdir -p "$share/$dest"
+    cp -R "$src/$path/." "$share/$dest/"
+    chmod -R u+w "$share/$dest"
+  done < "$list"
 }
 
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
-  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/source; do
-    [ -f "$f" ] && modules+=("$(basename "$(dirname "$f")")")
+  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/v*/go.mod "$PEERS_HACK"/*/source; do
+    [ -f "$f" ] || continue
+    m=${f#"$PEERS_HACK"/}; m=${m%%/*}
+    [[ " ${modules[*]} " == *" $m "* ]] || modules+=("$m")
   done
 fi
 for m in "${modules[@]}"; do build_module "$m"; done

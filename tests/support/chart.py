@@ -57,9 +57,20 @@ def helm(*args: str, kubeconfig: Path | None = None, values: Mapping[str, Any] |
     return done.stdout
 
 
+# certs.mode helm refuses to render without a cluster (its CA would be new at every render); the
+# tests' renders are read once and never applied twice, which is what this value allows.
+OFFLINE_CA = "certs.helm.renderWithoutCluster=true"
+
+
+def helm_major() -> int:
+    """The major release of the helm the tests run (HELM_VERSION): 4 applies server-side."""
+    return int(peers.helm_version().lstrip("v").split(".")[0])
+
+
 def template(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> str:
-    """`helm template` of the chart for these values: the YAML an install would apply."""
-    return helm("template", RELEASE, str(CHART), "--namespace", namespace, values=values or {})
+    """`helm template` of the chart for these values: the YAML an install would apply (certs.mode
+    helm's certificates issued for this render only)."""
+    return helm("template", RELEASE, str(CHART), "--namespace", namespace, "--set", OFFLINE_CA, values=values or {})
 
 
 def render(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> list[Obj]:

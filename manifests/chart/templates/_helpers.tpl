@@ -1,7 +1,39 @@
-{{/* Labels every object of the chart carries (the selectors use the name only). */}}
+{{/* Labels every object of the chart carries (the selectors use the name only, so that a second
+release or a chart upgrade never changes what a selector picks). */}}
 {{- define "sw.labels" -}}
 app.kubernetes.io/name: scheduling-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/part-of: hopsworks
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* The server container's own environment; extraEnv comes after it and may not rename any of it. */}}
+{{- define "sw.env" -}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+# Leader-election identity.
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+# The Lease named in the Role's resourceNames.
+- name: SCHEDULING_WEBHOOK_LEASE_NAME
+  value: scheduling-webhook-leader
+# This system's own identity (system:serviceaccount:<namespace>:<this>): the guards let
+# it make the department moves they refuse to everyone else.
+- name: SERVICE_ACCOUNT_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.serviceAccountName
+# G2: who may change run_ai_enable. Comma-separated; `group:NAME` is a group, anything
+# else a user name. Kept out of the ConfigMap it guards.
+- name: SCHEDULING_WEBHOOK_INSTALLERS
+  value: {{ join "," .Values.installers | quote }}
+# G5: who may name a pod's PodGroup (KAI's pod grouper); same form as the installers.
+- name: SCHEDULING_WEBHOOK_POD_GROUPERS
+  value: {{ join "," .Values.podGroupers | quote }}
 {{- end -}}
 
 {{/* "true" when Kueue is on: this chart's kueue_installed, or the umbrella chart's switch. */}}
@@ -33,6 +65,23 @@ app.kubernetes.io/part-of: hopsworks
 {{- if and (eq .Values.certs.mode "certManager") .Values.certs.secret.caBundle -}}
 {{- fail "certs.secret.caBundle is set but certs.mode is certManager: cert-manager injects the CA" -}}
 {{- end -}}
+{{- $chartLabels := include "sw.labels" . | fromYaml -}}
+{{- range $path, $labels := dict "podLabels" .Values.podLabels "metrics.serviceMonitor.labels" .Values.metrics.serviceMonitor.labels -}}
+{{- range $key, $_ := $labels -}}
+{{- if hasKey $chartLabels $key -}}
+{{- fail (printf "%s.%s is a label the chart sets itself (the Service, the PodDisruptionBudget and the spread select on them): choose another key" $path $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $own := list -}}
+{{- range (include "sw.env" . | fromYamlArray) -}}
+{{- $own = append $own .name -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if has .name $own -}}
+{{- fail (printf "extraEnv names %s, which the chart sets itself: choose another name" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -43,6 +92,13 @@ is within renewBeforeDays of its end, then issued again from the same CA.
 */}}
 {{- define "sw.helmCerts" -}}
 {{- if not (hasKey .Values "__certs") -}}
+{{- /* kube-system exists in every cluster, so it is missing only where helm has no cluster to
+ask: helm template (Argo CD renders that way), --dry-run=client, and helm lint (which reports a
+fail as information only). There the Secrets' lookup finds nothing either, and a CA issued at each
+render would replace the one the pods serve with. */ -}}
+{{- if and (not (lookup "v1" "Namespace" "" "kube-system")) (not .Values.certs.helm.renderWithoutCluster) -}}
+{{- fail "certs.mode helm keeps its CA in the cluster and reads it back at every upgrade; rendered without a cluster (helm template, Argo CD, --dry-run=client) it would issue a new CA each time. With GitOps use certs.mode certManager or secret (manifests/README.md, \"GitOps\"); to render once anyway, set certs.helm.renderWithoutCluster=true" -}}
+{{- end -}}
 {{- $service := printf "scheduling-webhook.%s.svc" .Release.Namespace -}}
 {{- $names := list $service (printf "%s.cluster.local" $service) -}}
 {{- $c := .Values.certs.helm -}}

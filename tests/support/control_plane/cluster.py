@@ -45,7 +45,7 @@ from tests.support.control_plane.pki import (
 from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
 
-KUBE_VERSION = "v1.35.4"
+KUBE_VERSION = peers.kube_version()
 GPU = "nvidia.com/gpu"
 # Pods that really run (tests/support/control_plane/pod_runner.py), which kwok must leave alone.
 REAL_PODS_LABEL = "app.kubernetes.io/name"
@@ -220,11 +220,28 @@ def _http_ok(url: str) -> bool:
         return bool(resp.status == 200)
 
 
+# What 1.35 needs to serve MutatingAdmissionPolicy (beta there, GA and on by default from 1.36).
+ADMISSION_POLICY_BETA_ARGS = (
+    "--feature-gates=MutatingAdmissionPolicy=true",
+    "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
+)
+
+
+def admission_policy_args(version: str = KUBE_VERSION) -> tuple[str, ...]:
+    """The apiserver arguments that make `version` (`v1.X.Y`) serve MutatingAdmissionPolicy."""
+    minor = int(version.lstrip("v").split(".")[1])
+    return ADMISSION_POLICY_BETA_ARGS if minor < 36 else ()
+
+
 def start_control_plane(
-    dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
 ) -> ControlPlane:
     """Start everything and wait until it serves; on any failure stop what started and raise.
-    The requests of `audited_users` go to the audit log (`cp.audit`)."""
+    The requests of `audited_users` go to the audit log (`cp.audit`); `apiserver_args` are added
+    to the apiserver's (ADMISSION_POLICY_BETA_ARGS, for example)."""
     binaries = {name: peers.binary(name) for name in
                 ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
     stages = peers.share("kwok/stage")
@@ -305,6 +322,7 @@ def start_control_plane(
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={proxy_client.cert.cert_file}",
             f"--proxy-client-key-file={proxy_client.cert.key_file}",
+            *apiserver_args,
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
@@ -394,8 +412,13 @@ def _default_service_account(cp: ControlPlane) -> bool:
 
 
 @contextlib.contextmanager
-def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()) -> Any:
-    cp = start_control_plane(dir, nodes, audited_users)
+def control_plane(
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
+) -> Any:
+    cp = start_control_plane(dir, nodes, audited_users, apiserver_args)
     try:
         yield cp
     finally:

@@ -204,7 +204,13 @@ def helm(cp: ControlPlane, *args: str, values: Obj | None = None, timeout: float
 
 
 def helm_install(cp: ControlPlane, values: Obj, *extra: str, command: str = "install") -> str:
-    """`helm install` (or `upgrade`) of the chart as release scheduling-webhook in the install namespace."""
+    """`helm install` (or `upgrade`) of the chart as release scheduling-webhook in the install namespace.
+
+    Helm 4 applies server-side: a setting a test changed with `kubectl patch` belongs to kubectl's
+    field manager then, and an upgrade stops on the conflict. `--force-conflicts` takes the chart's
+    values back, as Helm 3's three-way merge did (manifests/README.md, "Upgrade and rollback")."""
+    if command == "upgrade" and chart.helm_major() >= 4:
+        extra = ("--force-conflicts", *extra)
     return helm(cp, command, chart.RELEASE, str(chart.CHART), "--namespace", INSTALL_NS, *extra, values=values)
 
 

@@ -1,0 +1,150 @@
+"""The compiler of rules S1-S3 and S5's queue label into admission policies: its parameters, read
+from the same plan the webhook decides by, and the API version it writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import namespace, snapshot
+from webhook.core.admission_policies import (
+    PARAMS_NAME,
+    POLICY_NAME,
+    desired_objects,
+    encode_groups,
+    params_config_map,
+    policy_objects,
+    policy_params,
+    served_mutating_version,
+)
+from webhook.core.namespace_plan import make_plan
+
+A100 = "nvidia.com/gpu.product=A100"
+ZONE = "topology.kubernetes.io/zone=eu-1a"
+
+FRAUD = namespace(
+    "fraud",
+    annotations={
+        "scheduling.hopsworks.ai/available": json.dumps(
+            {"affinity": [A100, ZONE], "antiAffinity": ["maintenance=true"], "priorityClasses": ["batch", "urgent"]}
+        ),
+        "scheduling.hopsworks.ai/defaults": json.dumps({"affinity": [A100], "priorityClass": "urgent"}),
+    },
+)
+BOUND = namespace("bound", labels={"runai/queue": "bound", "hopsworks.ai/runai-project-id": "42"})
+
+PARAM_CASES: list[tuple[str, dict[str, Any], str, dict[str, str]]] = [
+    (
+        "cluster defaults: the cluster's anti-affinity and class, the project subset of classes",
+        {},
+        "churn",
+        {
+            "compiled": "true",
+            "affinityIn": "",
+            "antiAffinityNotIn": "maintenance=true",
+            "priorityClassName": "normal",
+            "priority": "10000",
+            "preemptionPolicy": "PreemptLowerPriority",
+            "allowedPriorityClasses": "batch,normal",
+            "enforcePriorityClasses": "true",
+            "runaiQueue": "",
+        },
+    ),
+    (
+        "project defaults beat the cluster's",
+        {},
+        "fraud",
+        {
+            "affinityIn": "nvidia.com/gpu.product=A100",
+            "antiAffinityNotIn": "maintenance=true",
+            "priorityClassName": "urgent",
+            "priority": "100000",
+            "allowedPriorityClasses": "batch,urgent",
+        },
+    ),
+    (
+        "priority class warn mode is left to the webhook",
+        {"priority_class_enforcement": "warn"},
+        "churn",
+        {"enforcePriorityClasses": "false"},
+    ),
+    ("Run:ai on: the bound namespace's queue", {"run_ai_enable": True}, "bound", {"runaiQueue": "bound"}),
+    ("Run:ai off: no queue label even when bound", {}, "bound", {"runaiQueue": ""}),
+]
+
+
+@pytest.mark.parametrize(("settings", "name", "expected"),
+                         [c[1:] for c in PARAM_CASES], ids=[c[0] for c in PARAM_CASES])  # fmt: skip
+def test_params_follow_the_webhooks_plan(settings: dict[str, Any], name: str, expected: dict[str, str]) -> None:
+    snap = snapshot(namespaces=[namespace("churn"), FRAUD, BOUND], **settings)
+    data = policy_params(make_plan(snap.namespaces[name], snap), None)
+    assert {k: data[k] for k in expected} == expected
+
+
+def test_grouped_labels_are_written_as_key_values_lists() -> None:
+    assert encode_groups((("zone", ("a", "b")), ("disk", ("ssd",)))) == "zone=a|b;disk=ssd"
+    assert encode_groups(()) == ""
+
+
+def test_the_config_map_is_the_one_the_bindings_name() -> None:
+    objects = policy_objects("v1beta1")
+    assert [o["kind"] for o in objects] == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    assert objects[0]["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
+    for binding in objects[1::2]:
+        assert binding["spec"]["policyName"] == POLICY_NAME
+        assert binding["spec"]["paramRef"] == {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}
+    assert params_config_map("fraud", {"a": "b"})["metadata"]["name"] == PARAMS_NAME
+
+
+@pytest.mark.parametrize(
+    ("served", "expected"),
+    [
+        ({"admissionregistration.k8s.io/v1": ["MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"]}, "v1"),
+        (
+            {
+                "admissionregistration.k8s.io/v1": ["ValidatingAdmissionPolicy"],
+                "admissionregistration.k8s.io/v1beta1": ["MutatingAdmissionPolicy"],
+            },
+            "v1beta1",
+        ),
+        ({"admissionregistration.k8s.io/v1": ["ValidatingAdmissionPolicy"]}, None),
+    ],
+    ids=["1.36+ GA", "1.35 beta switched on", "1.35 default: policies off"],
+)
+def test_the_mutating_version_is_the_one_the_apiserver_serves(
+    served: dict[str, list[str]], expected: str | None
+) -> None:
+    assert served_mutating_version(served) == expected
+
+
+def _kinds_and_namespaces(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"].get("namespace", "")) for o in objects]
+
+
+def test_the_leader_writes_nothing_where_the_apiserver_serves_no_mutating_policy() -> None:
+    assert desired_objects(snapshot(namespaces=[namespace("churn")]), None) == []
+
+
+def test_the_leader_writes_the_policies_and_the_parameters_of_every_project() -> None:
+    snap = snapshot(namespaces=[namespace("churn"), FRAUD, namespace("plain", project=False)])
+    assert _kinds_and_namespaces(desired_objects(snap, "v1"))[4:] == [("ConfigMap", "churn"), ("ConfigMap", "fraud")]
+
+
+def test_with_runai_an_unbound_project_gets_no_parameters_so_its_pods_are_denied() -> None:
+    snap = snapshot(namespaces=[namespace("churn"), BOUND], run_ai_enable=True)
+    objects = desired_objects(snap, "v1")
+    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound")]
+    assert objects[4]["data"]["runaiQueue"] == "bound"
+
+
+def test_the_parameters_name_the_clusters_global_default_class() -> None:
+    classes = [("batch", 1000, "Never", False), ("normal", 10000, None, True), ("urgent", 100000, None, False)]
+    snap = snapshot(namespaces=[namespace("churn")], priority_classes=classes)
+    assert desired_objects(snap, "v1")[4]["data"]["globalDefaultClass"] == "normal"
