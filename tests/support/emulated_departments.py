@@ -1,6 +1,5 @@
-"""The department tests' environment on the Kubernetes emulator, for the modules that still build
-on it (tests/test_admin_api.py, tests/test_console.py, tests/test_console_sessions.py);
-tests/test_departments.py itself runs on the real control plane."""
+"""The department tests' environment on the Kubernetes emulator, for the one module that still
+builds on it (tests/test_console_sessions.py); the others use tests/support/departments.py."""
 
 from __future__ import annotations
 
