@@ -151,8 +151,9 @@ async def test_a_rewrite_hands_out_what_the_apiserver_would_not_store(
             obj["metadata"]["labels"] = "not-a-map"
         return obj
 
-    await admin.call("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap("odd"))
     proxy.rewrite(unreadable, resource="configmaps", namespace=ns)
+    status, created = await admin.call("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap("odd"))
+    assert status == 201 and created["metadata"]["labels"] == "not-a-map"  # a create's answer too
     _, listed = await admin.call("GET", f"/api/v1/namespaces/{ns}/configmaps")
     odd = next(i for i in listed["items"] if i["metadata"]["name"] == "odd")
     assert odd["metadata"]["labels"] == "not-a-map"
@@ -231,6 +232,8 @@ async def test_the_callers_credentials_reach_the_apiserver(proxy: FaultProxy, ku
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/a/leases/l", {},
          ("update", "coordination.k8s.io", "leases", "a", "l")),
         ("GET", "/api/v1/namespaces/a", {}, ("get", "", "namespaces", "a", "a")),
+        ("GET", "/api/v1/namespaces/a/configmaps", {"fieldSelector": "metadata.name=s"},
+         ("list", "", "configmaps", "a", "s")),
         ("PUT", "/api/v1/namespaces/a/status", {}, ("update", "", "namespaces", "a", "a")),
         ("DELETE", "/api/v1/namespaces/a/configmaps", {}, ("deletecollection", "", "configmaps", "a", "")),
         ("PATCH", "/apis/apps/v1/namespaces/a/deployments/d/scale", {}, ("patch", "apps", "deployments", "a", "d")),

@@ -1,9 +1,11 @@
-"""The shipped RBAC is enough and no more: the real Runtime, holding only the rendered
-ServiceAccount's identity, runs its whole life against the emulator in RBAC mode (every request
-authorized from the rendered Roles/ClusterRoles/bindings) and the Run:ai stand-in.
+"""The shipped RBAC is enough and no more: the real Runtime, holding only the chart's ServiceAccount
+identity and the chart's RBAC (tests/support/kube_scope.py re-targets it to the test's install
+namespace), runs its whole life against the real apiserver, whose RBAC decides every request, and
+the Run:ai stand-in. Its requests go through the fault proxy, which records each one with the
+apiserver's answer: a 403 there is a denial, anything else was granted.
 
 - `test_the_rendered_rbac_is_enough`: a full life with no denial at all.
-- `test_a_missing_rule_is_denied`: the check can fail (a rule taken out is a recorded denial).
+- `test_a_missing_rule_is_denied`: the check can fail (a rule taken out is a real denial).
 - `test_the_rendered_rbac_is_no_more_than_needed`: what was granted but never used.
 
 What RBAC cannot narrow, the ValidatingAdmissionPolicies do; the real apiserver evaluates them in
@@ -13,10 +15,10 @@ tests/e2e/test_admission_policies.py.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,33 +28,19 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.support import chart
-from tests.support.cluster import SCHEDULER, namespace, priority_class
-from tests.support.https import (
-    LOOPBACK,
-    SERVICE_HOST,
-    StaticResolver,
-    client_ssl_context,
-    free_port,
-    make_cert_files,
-    wait_until,
-)
-from tests.support.kube_emulator import (
-    AccessRequest,
-    KubeEmulator,
-    forbidden_message,
-    request_attributes,
-)
+from tests.support.cluster import SCHEDULER, runai_settings_configmap
+from tests.support.control_plane.fault_proxy import Call, FaultProxy
+from tests.support.https import wait_until
+from tests.support.kube_scope import RUNAI_NAMESPACE, SERVICE_ACCOUNT, KubeScope, SharedCluster, eventually, scope_on
+from tests.support.kueue_crds import kueue_crds
 from tests.support.reviews import apply_patch, pod_review
 from tests.support.runai_standin import RunaiStandin
-from tests.support.runtime import binding_settled, write_kubeconfig
-from webhook.runtime import Runtime, ServeOptions
+from tests.support.runtime import apiserver_session, base_url, binding_settled, start_runtime
+from webhook.runtime import Runtime
 
-INSTALL_NS = "hopsworks"
-ROOT_TOKEN = "root-token"  # the test's own superuser: it bypasses RBAC, as system:masters does
-SA_TOKEN = "scheduling-webhook-sa-token"
 SECRET = "standin-client-secret"
-LOADED_KINDS = ("Namespace", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+LEASE = "scheduling-webhook-leader"  # the chart's SCHEDULING_WEBHOOK_LEASE_NAME
+RBAC = "rbac.authorization.k8s.io/v1"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 # Cluster-wide writes that cannot be narrowed to one namespace although the scenario only made
 # them there, and why. Anything else of that shape fails the least-privilege test.
@@ -62,55 +50,21 @@ EXPLAINED_BROAD: dict[tuple[str, str, str], str] = {}
 # -- the cluster ---------------------------------------------------------------------------------
 
 
-def rendered_manifests(ca_pem: bytes, runai: RunaiStandin) -> list[dict[str, Any]]:
-    settings = {
-        "run_ai_enable": True,
-        "run_ai_url": runai.url,
-        "run_ai_client_id": runai.client_id,
-        "run_ai_project_gpu_quota": 2,
-        "run_ai_reconcile_interval_s": 1,
-        "scheduler": SCHEDULER,
-    }
-    values = {"certs": {"mode": "secret", "secret": {"caBundle": base64.b64encode(ca_pem).decode()}},
-              "variables": settings, "createNamespace": True}  # fmt: skip
-    # The server's own objects: the uninstall hook's RBAC is helm's, for its Job only.
-    return [
-        o for o in chart.render(values, INSTALL_NS) if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})
-    ]
-
-
-def one(objects: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    (found,) = [dict(o) for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
-    return found
-
-
-def lease_name(objects: list[dict[str, Any]]) -> str:
-    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    return next(e["value"] for e in container["env"] if e["name"] == "SCHEDULING_WEBHOOK_LEASE_NAME")
-
-
-def without_verb(
-    objects: list[dict[str, Any]], kind: str, group: str, resource: str, verb: str
-) -> list[dict[str, Any]]:
-    """A copy of the objects with `verb` taken out of every rule of `kind` on (group, resource)."""
-    objects = copy.deepcopy(objects)
-    role = one(objects, kind, "scheduling-webhook")
-    for rule in role["rules"]:
-        if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]:
-            rule["verbs"].remove(verb)
-    role["rules"] = [r for r in role["rules"] if r["verbs"]]
-    return [role if o["kind"] == kind and o["metadata"]["name"] == role["metadata"]["name"] else o for o in objects]
-
-
 @dataclass
 class Cluster:
-    emu: KubeEmulator
+    scope: KubeScope
+    proxy: FaultProxy
     runai: RunaiStandin
-    manifests: list[dict[str, Any]]
-    sa_user: str
     runtime: Runtime
     base: str  # the server's URL, as the apiserver dials it
     session: aiohttp.ClientSession
+
+    @property
+    def sa_user(self) -> str:
+        return self.scope.service_account_user
+
+    def denials(self) -> list[Call]:
+        return [c for c in self.proxy.requests if c.status == 403]
 
     async def admit(self, path: str, review: dict[str, Any]) -> dict[str, Any]:
         async with self.session.post(f"{self.base}{path}", json=review) as resp:
@@ -124,79 +78,54 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(
-    tmp: Path, *, crd: bool = True, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
-) -> AsyncIterator[Cluster]:
-    """The emulator in RBAC mode holding the rendered manifests, the Run:ai stand-in, and the Runtime
-    started as the rendered ServiceAccount; `edit` changes the manifests before they are loaded."""
-    certs = make_cert_files(tmp / "certs")
-    async with KubeEmulator(token=ROOT_TOKEN, rbac=True) as emu, RunaiStandin(client_secret=SECRET) as runai:
+async def cluster(tmp: Path, scope: KubeScope) -> AsyncIterator[Cluster]:
+    """The Run:ai stand-in, the settings with Run:ai on, and the Runtime started as the chart's
+    ServiceAccount through a fault proxy of its own."""
+    async with FaultProxy(scope.cp) as proxy, RunaiStandin(client_secret=SECRET) as runai:
         runai.add_department("vision-dept")
         runai.add_department("nlp-dept")
-        manifests = rendered_manifests(certs.ca.cert_pem, runai)
-        if not crd:
-            emu.remove_resource("LocalQueue")
-        # Run:ai's namespace, as its install leaves it: the server reads its admission Deployments there.
-        emu.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "runai"}})
-        for obj in (edit or list)(manifests):
-            if obj["kind"] in LOADED_KINDS:
-                emu.create_object(obj)
-        for pc in (
-            priority_class("batch", 1000, "Never"),
-            priority_class("normal", 10000),
-            priority_class("urgent", 10**5),
-        ):
-            emu.create_object(pc)
-        account = one(manifests, "ServiceAccount")["metadata"]
-        sa_user = emu.add_service_account(SA_TOKEN, account["namespace"], account["name"]).username
+        await scope.put(runai_settings_configmap(runai, scope.install_ns, run_ai_project_gpu_quota=2,
+                                                 run_ai_reconcile_interval_s=1, scheduler=SCHEDULER))  # fmt: skip
         secret_dir = tmp / "runai-secret"
-        secret_dir.mkdir()
+        secret_dir.mkdir(parents=True)
         (secret_dir / "clientSecret").write_text(SECRET)
-        options = ServeOptions(
-            host=LOOPBACK,
-            port=free_port(),
-            certs=certs.dir,
-            kubeconfig=write_kubeconfig(tmp / "kubeconfig", emu.url, SA_TOKEN),
-            namespace=INSTALL_NS,
-            runai_secret_dir=secret_dir,
-            lease_name=lease_name(manifests),
-            drain_seconds=0.0,
+        runtime, options, certs = await start_runtime(
+            tmp, scope, kubeconfig=proxy.via(scope.kubeconfig), runai_secret_dir=secret_dir, lease_name=LEASE
         )
-        runtime = Runtime(options)
-        connector = aiohttp.TCPConnector(
-            ssl=client_ssl_context(certs.ca.cert_pem), resolver=StaticResolver({SERVICE_HOST: LOOPBACK})
-        )
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await runtime.start()
-            try:
-                base = f"https://{SERVICE_HOST}:{options.port}"
-                yield Cluster(emu, runai, manifests, sa_user, runtime, base, session)
-            finally:
-                await runtime.shutdown()
+        try:
+            async with apiserver_session(certs) as session:
+                yield Cluster(scope, proxy, runai, runtime, base_url(options), session)
+        finally:
+            await runtime.shutdown()
         assert runai.violations == [], runai.violations
 
 
-def labels_of(emu: KubeEmulator, name: str) -> dict[str, str]:
-    return dict(((emu.get_object("Namespace", name) or {}).get("metadata") or {}).get("labels") or {})
+async def labels_of(scope: KubeScope, name: str) -> dict[str, str]:
+    got = await scope.get("v1", "Namespace", name)
+    return dict(((got or {}).get("metadata") or {}).get("labels") or {})
 
 
-def events(emu: KubeEmulator, reason: str, about: str) -> list[dict[str, Any]]:
-    # About a cluster-scoped Namespace, so in `default` (the emulator enforces it).
-    return [
-        e for e in emu.objects("Event", "default") if e["reason"] == reason and e["involvedObject"]["name"] == about
-    ]
+async def events(scope: KubeScope, reason: str, about: str) -> list[dict[str, Any]]:
+    # About a cluster-scoped Namespace, so in `default`.
+    return [e for e in await scope.list("v1", "Event", "default")
+            if e.get("reason") == reason and e["involvedObject"]["name"] == about]  # fmt: skip
 
 
-async def bind_vision(c: Cluster) -> None:
-    c.emu.create_object(namespace("vision", labels={"hopsworks.ai/department": "vision-dept"}))
-    await wait_until(lambda: "runai/queue" in labels_of(c.emu, "vision"), within=15, what="vision bound")
+async def bind_vision(c: Cluster) -> str:
+    vision = await c.scope.namespace("vision", labels={"hopsworks.ai/department": "vision-dept"})
+
+    async def bound() -> bool:
+        return "runai/queue" in await labels_of(c.scope, vision)
+
+    await eventually(bound, within_s=15, message="vision bound")
     state = c.runtime.state
-    await wait_until(lambda: "vision" in (state.snapshot().runai_projects or {}), within=20, what="quota known")
-    await binding_settled(c.runtime, "vision")
+    await wait_until(lambda: vision in (state.snapshot().runai_projects or {}), within=20, what="quota known")
+    await binding_settled(c.runtime, vision)
+    return vision
 
 
-async def admit_gpu_notebook(c: Cluster, uid: str) -> dict[str, Any]:
-    review = pod_review("vision", labels={"jupyter": "true"}, gpus=1, uid=uid)
+async def admit_gpu_notebook(c: Cluster, vision: str, uid: str) -> dict[str, Any]:
+    review = pod_review(vision, labels={"jupyter": "true"}, gpus=1, uid=uid)
     mutated = await c.admit("/mutate/pods", review)
     review["request"]["object"] = apply_patch(
         review["request"]["object"], json.loads(base64.b64decode(mutated["patch"]))
@@ -204,85 +133,150 @@ async def admit_gpu_notebook(c: Cluster, uid: str) -> dict[str, Any]:
     return await c.admit("/validate/pods", review)
 
 
+async def scope_rbac(scope: KubeScope) -> list[dict[str, Any]]:
+    """The chart's RBAC objects as the scope installed them (re-targeted, renamed)."""
+    objects: list[dict[str, Any]] = []
+    for ns in (scope.install_ns, "default", RUNAI_NAMESPACE):
+        for kind in ("Role", "RoleBinding"):
+            objects += [{**o, "kind": kind} for o in await scope.list(RBAC, kind, ns)]
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        objects += [
+            {**o, "kind": kind} for o in await scope.list(RBAC, kind) if o["metadata"]["name"].endswith(scope.id)
+        ]
+    return objects
+
+
+async def without_verb(scope: KubeScope, group: str, resource: str, verb: str) -> None:
+    """Take `verb` out of every rule of the install namespace's Role on (group, resource), and wait
+    until the apiserver's RBAC says so."""
+    role = await scope.get(RBAC, "Role", SERVICE_ACCOUNT, scope.install_ns)
+    assert role is not None
+    for rule in role["rules"]:
+        if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]:
+            rule["verbs"].remove(verb)
+    role["rules"] = [r for r in role["rules"] if r["verbs"]]
+    await scope.put(role)
+
+    async def denied() -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": scope.service_account_user, "groups": ["system:serviceaccounts",
+                           f"system:serviceaccounts:{scope.install_ns}", "system:authenticated"],
+                           "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                                  "namespace": scope.install_ns, "name": "any"}}}  # fmt: skip
+        answer = await scope.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        return not answer["status"].get("allowed")
+
+    await eventually(denied, within_s=30, message=f"RBAC still allows {verb} {resource}")
+
+
 # -- the whole life, once, for the first and the third test ------------------------------------------
 
 
 @dataclass
 class Life:
-    emu: KubeEmulator
     sa_user: str
-    manifests: list[dict[str, Any]]
+    manifests: list[dict[str, Any]]  # the RBAC the Runtime held
+    granted: list[Call]  # what the apiserver let it do
+    denied: list[Call]
     facts: dict[str, Any]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def life(tmp_path_factory: pytest.TempPathFactory) -> Life:
-    async with cluster(tmp_path_factory.mktemp("rbac-life")) as c:
-        emu, runtime = c.emu, c.runtime
-        facts: dict[str, Any] = {}
-        # Users of the GPU and admin APIs, authorized by RBAC objects too (through SubjectAccessReviews).
-        emu.authorizer = emu.rbac_allows
-        emu.add_user("alice-token", "alice")
-        emu.add_user("bob-token", "bob")
-        emu.add_user("ops-token", "ops", groups=["platform-admins"])
-        emu.create_object(cluster_role("namespace-admin", [rule("", "namespaces", "get", "list", "update")]))
-        emu.create_object(binding("ClusterRoleBinding", "namespace-admin", "ClusterRole", group="platform-admins"))
-        emu.create_object(cluster_role("pod-reader", [rule("", "pods", "get", "list")]))
+def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
 
+
+@pytest.fixture(scope="module")
+def kueue_installed(shared_control_plane: SharedCluster) -> Iterator[None]:
+    with kueue_crds(shared_control_plane.cp):
+        yield
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def life(shared_control_plane: SharedCluster, kueue_installed: None) -> Life:
+    with tempfile.TemporaryDirectory(prefix="rbac-life-") as tmp:
+        async with scope_on(shared_control_plane, Path(tmp) / "scope") as scope:
+            return await _live(scope, Path(tmp))
+
+
+async def _live(scope: KubeScope, tmp: Path) -> Life:
+    facts: dict[str, Any] = {}
+    # Users of the GPU and admin APIs: ServiceAccounts the apiserver authenticates, and RBAC.
+    alice, alice_token = await scope.user_token("alice")
+    _, bob_token = await scope.user_token("bob")
+    ops, ops_token = await scope.user_token("ops")
+    admin_role = scope.name("namespace-admin")
+    await scope.create({"apiVersion": RBAC, "kind": "ClusterRole", "metadata": {"name": admin_role},
+                        "rules": [rule("", "namespaces", "get", "list", "update")]})  # fmt: skip
+    group = "rbac.authorization.k8s.io"
+    await scope.create({"apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": admin_role},
+                        "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": admin_role},
+                        "subjects": [{"apiGroup": group, "kind": "User", "name": ops}]})  # fmt: skip
+    async with cluster(tmp / "runtime", scope) as c:
+        runtime = c.runtime
         # Leader election: the Lease is created and held, then renewed.
-        lease = lease_name(c.manifests)
-        await wait_until(lambda: runtime.runai.leader.is_leader, within=10, what="leader")
-        first = emu.get_object("Lease", lease, INSTALL_NS)
+        await wait_until(lambda: runtime.runai.leader.is_leader, within=15, what="leader")
+        first = await scope.get("coordination.k8s.io/v1", "Lease", LEASE, scope.install_ns)
         assert first is not None and first["spec"]["holderIdentity"] == runtime.runai.leader.identity
 
         # A new project namespace: the leader binds it (labels, annotation, finalizer) and says so.
-        await bind_vision(c)
-        meta = emu.get_object("Namespace", "vision")["metadata"]  # type: ignore[index]
-        project = c.runai.project("vision")
+        vision = await bind_vision(c)
+        meta = (await scope.get("v1", "Namespace", vision) or {})["metadata"]
+        project = c.runai.project(vision)
         assert project is not None and meta["labels"]["hopsworks.ai/runai-project-id"] == project["id"]
         facts["finalizers"] = list(meta.get("finalizers") or ())
-        await wait_until(lambda: events(emu, "RunaiProjectCreated", "vision"), within=5, what="created event")
-        emu.create_object(binding("RoleBinding", "pod-reader", "ClusterRole", user="alice", ns="vision"))
+        await eventually(lambda: events(scope, "RunaiProjectCreated", vision), within_s=10, message="created event")
+        await scope.allow(alice, "get", "pods", vision)
 
         # GPU notebooks: a reservation is created, then updated after a conflict (a GET, a PUT
         # again); the third one finds the quota of 2 taken.
-        assert (await admit_gpu_notebook(c, "nb-1"))["allowed"] is True
-        emu.fail_next(1, 409, path_prefix=f"/api/v1/namespaces/{INSTALL_NS}/configmaps/", method="PUT")
-        assert (await admit_gpu_notebook(c, "nb-2"))["allowed"] is True
-        refused = await admit_gpu_notebook(c, "nb-3")
+        assert (await admit_gpu_notebook(c, vision, "nb-1"))["allowed"] is True
+        c.proxy.fail(409, n=1, verb="update", resource="configmaps", namespace=scope.install_ns)
+        assert (await admit_gpu_notebook(c, vision, "nb-2"))["allowed"] is True
+        refused = await admit_gpu_notebook(c, vision, "nb-3")
         assert refused["allowed"] is False and "0 of 2 deserved GPUs left" in refused["status"]["message"]
-        configmaps = emu.calls(path_prefix=f"/api/v1/namespaces/{INSTALL_NS}/configmaps")
+        configmaps = c.proxy.calls(resource="configmaps", namespace=scope.install_ns)
         facts["reservation_writes"] = [r.method for r in configmaps if r.method in ("POST", "PUT")]
 
         # The GPU API: TokenReview, then a SubjectAccessReview the RBAC objects answer.
-        status, view = await c.call("GET", "/api/v1/projects/vision/gpu", "alice-token")
+        status, view = await c.call("GET", f"/api/v1/projects/{vision}/gpu", alice_token)
         assert status == 200 and view["project"]["quota"] == 2, view
-        assert (await c.call("GET", "/api/v1/projects/vision/gpu", "bob-token"))[0] == 403
+        assert (await c.call("GET", f"/api/v1/projects/{vision}/gpu", bob_token))[0] == 403
 
         # A department move through the admin API: the namespace is patched and an Event says so.
         status, moved = await c.call(
-            "POST", "/api/v1/admin/projects/vision/move", "ops-token", {"department": "nlp-dept"}
+            "POST", f"/api/v1/admin/projects/{vision}/move", ops_token, {"department": "nlp-dept"}
         )
         assert status == 200 and moved["outcome"] == "moved", moved
-        assert labels_of(emu, "vision")["hopsworks.ai/department"] == "nlp-dept"
-        assert c.runai.project("vision")["parentId"] == c.runai.department("nlp-dept")["id"]  # type: ignore[index]
-        await wait_until(lambda: events(emu, "RunaiProjectMoved", "vision"), within=5, what="moved event")
-        status, _ = await c.call("POST", "/api/v1/admin/projects/vision/move", "alice-token", {"department": None})
+        assert (await labels_of(scope, vision))["hopsworks.ai/department"] == "nlp-dept"
+        assert c.runai.project(vision)["parentId"] == c.runai.department("nlp-dept")["id"]  # type: ignore[index]
+        await eventually(lambda: events(scope, "RunaiProjectMoved", vision), within_s=10, message="moved event")
+        status, _ = await c.call("POST", f"/api/v1/admin/projects/{vision}/move", alice_token, {"department": None})
         assert status == 403, "alice may read the project, not move it"
 
         # The console: sign in and out twice (the sign-out list is created, then patched).
-        facts["signouts"] = [await console_sign_in_and_out(c, "alice-token") for _ in range(2)]
+        facts["signouts"] = [await console_sign_in_and_out(c, alice_token) for _ in range(2)]
 
         # Deletion: the Run:ai project goes, then our finalizer, then the namespace.
-        emu.delete_object("Namespace", "vision")
-        await wait_until(lambda: c.runai.project("vision") is None, within=15, what="Run:ai project deleted")
-        await wait_until(lambda: emu.get_object("Namespace", "vision") is None, within=15, what="namespace gone")
-        renewals = f"/apis/coordination.k8s.io/v1/namespaces/{INSTALL_NS}/leases/{lease}"
-        await wait_until(lambda: emu.calls("PUT", renewals), within=5, what="the Lease renewed")
-        facts["renewals"] = len(emu.calls("PUT", renewals))
+        await scope.delete("v1", "Namespace", vision)
+        await wait_until(lambda: c.runai.project(vision) is None, within=20, what="Run:ai project deleted")
+
+        async def gone() -> bool:
+            return await scope.get("v1", "Namespace", vision) is None
+
+        await eventually(gone, within_s=30, message="namespace gone")
+        await wait_until(lambda: bool(c.proxy.calls(verb="update", resource="leases")), within=10, what="renewed")
+        facts["renewals"] = len(c.proxy.calls(verb="update", resource="leases"))
     # After shutdown: the Lease is released for a successor.
-    facts["released"] = emu.get_object("Lease", lease, INSTALL_NS)["spec"]["holderIdentity"]  # type: ignore[index]
-    return Life(emu, c.sa_user, c.manifests, facts)
+    released = await scope.get("coordination.k8s.io/v1", "Lease", LEASE, scope.install_ns)
+    facts["released"] = (released or {}).get("spec", {}).get("holderIdentity") or ""
+    calls = c.proxy.requests
+    return Life(
+        scope.service_account_user,
+        await scope_rbac(scope),
+        [r for r in calls if r.status not in (None, 401, 403)],
+        [r for r in calls if r.status == 403],
+        facts,
+    )
 
 
 async def console_sign_in_and_out(c: Cluster, token: str) -> int:
@@ -300,39 +294,31 @@ async def console_sign_in_and_out(c: Cluster, token: str) -> int:
         return resp.status
 
 
-def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
-    return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+# -- 0. before Kueue ------------------------------------------------------------------------------
 
 
-def cluster_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-    meta = {"name": name}
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules}
-
-
-def binding(kind: str, name: str, role_kind: str, *, group: str = "", user: str = "", ns: str = "") -> dict[str, Any]:
-    subject = {"kind": "Group", "name": group} if group else {"kind": "User", "name": user}
-    meta = {"name": name, **({"namespace": ns} if ns else {})}
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": kind,
-        "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
-        "subjects": [{**subject, "apiGroup": "rbac.authorization.k8s.io"}],
-    }
+async def test_startup_without_the_kueue_crd(tmp_path: Path, kube_scope: KubeScope) -> None:
+    # First in the module: the shared cluster has no Kueue until `life` installs its CRDs.
+    # RBAC comes before routing: without the grant a missing CRD would answer 403, which the optional
+    # LocalQueue watch retries as an error (never synced) instead of taking the 404 as "absent".
+    async with cluster(tmp_path, kube_scope) as c:
+        await wait_until(c.runtime.state.ready, within=15, what="caches synced")
+        assert [r.status for r in c.proxy.calls(verb="list", resource="localqueues")][:1] == [404]
+        assert [d.error for d in c.denials()] == []
 
 
 # -- 1. enough ---------------------------------------------------------------------------------------
 
 
 def test_the_rendered_rbac_is_enough(life: Life) -> None:
-    emu, facts = life.emu, life.facts
-    assert [d.message for d in emu.denials] == []
+    facts = life.facts
+    assert [d.error for d in life.denied] == []
     assert facts["finalizers"], "the binding put our finalizer on the namespace"
     assert facts["reservation_writes"][:1] == ["POST"] and facts["reservation_writes"].count("PUT") >= 2
     assert facts["renewals"] >= 1, "the Lease was renewed"
     assert facts["released"] == "", "the Lease was released on stop"
     assert facts["signouts"] == [303, 303], "both console sign-outs were recorded"
-    used = {(r.verb, r.group, r.resource) for r in emu.granted if r.user == life.sa_user}
+    used = {(r.verb, r.group, r.resource) for r in life.granted}
     for needed in [
         ("list", "", "namespaces"), ("watch", "", "namespaces"), ("patch", "", "namespaces"), ("get", "", "namespaces"),
         ("list", "", "pods"), ("watch", "", "pods"), ("list", "apps", "deployments"), ("watch", "apps", "deployments"),
@@ -353,43 +339,37 @@ def test_the_rendered_rbac_is_enough(life: Life) -> None:
         assert needed in used, f"the scenario did not exercise {needed}"
 
 
-async def test_startup_without_the_kueue_crd(tmp_path: Path) -> None:
-    # RBAC comes before routing: without the grant a missing CRD would answer 403, which the optional
-    # LocalQueue watch retries as an error (never synced) instead of taking the 404 as "absent".
-    async with cluster(tmp_path, crd=False) as c:
-        await wait_until(c.runtime.state.ready, within=10, what="caches synced")
-        assert any(r.resource == "localqueues" and r.verb == "list" for r in c.emu.granted)
-        assert [d.message for d in c.emu.denials] == []
-
-
 # -- 2. the check can fail ---------------------------------------------------------------------------
 
 
-async def test_a_missing_rule_is_denied_reservation_update(tmp_path: Path) -> None:
-    edit = lambda objs: without_verb(objs, "Role", "", "configmaps", "update")  # noqa: E731
-    async with cluster(tmp_path, edit=edit) as c:
-        await wait_until(lambda: c.runtime.runai.leader.is_leader, within=10, what="leader")
-        await bind_vision(c)
-        assert (await admit_gpu_notebook(c, "nb-1"))["allowed"] is True  # create is still granted
-        refused = await admit_gpu_notebook(c, "nb-2")
+async def test_a_missing_rule_is_denied_reservation_update(tmp_path: Path, kube_scope: KubeScope) -> None:
+    await without_verb(kube_scope, "", "configmaps", "update")
+    async with cluster(tmp_path, kube_scope) as c:
+        await wait_until(lambda: c.runtime.runai.leader.is_leader, within=15, what="leader")
+        vision = await bind_vision(c)
+        assert (await admit_gpu_notebook(c, vision, "nb-1"))["allowed"] is True  # create is still granted
+        refused = await admit_gpu_notebook(c, vision, "nb-2")
         assert refused["allowed"] is False and "could not be written" in refused["status"]["message"]
-        denied = [d for d in c.emu.denials if d.request.resource == "configmaps"]
-        assert denied and {d.request.verb for d in denied} == {"update"}
-        name = denied[0].request.name
-        assert denied[0].message == (
-            f'configmaps "{name}" is forbidden: User "{c.sa_user}" cannot update resource "configmaps" '
-            f'in API group "" in the namespace "{INSTALL_NS}"'
+        denied = [d for d in c.denials() if d.resource == "configmaps"]
+        assert denied and {d.verb for d in denied} == {"update"}
+        assert json.loads(denied[0].error)["message"].startswith(
+            f'configmaps "{denied[0].name}" is forbidden: User "{c.sa_user}" cannot update resource "configmaps" '
+            f'in API group "" in the namespace "{kube_scope.install_ns}"'
         )
 
 
-async def test_a_missing_rule_is_denied_lease_create(tmp_path: Path) -> None:
-    edit = lambda objs: without_verb(objs, "Role", "coordination.k8s.io", "leases", "create")  # noqa: E731
-    async with cluster(tmp_path, edit=edit) as c:
+async def test_a_missing_rule_is_denied_lease_create(tmp_path: Path, kube_scope: KubeScope) -> None:
+    await without_verb(kube_scope, "coordination.k8s.io", "leases", "create")
+    async with cluster(tmp_path, kube_scope) as c:
         want = (
             f'leases.coordination.k8s.io is forbidden: User "{c.sa_user}" cannot create resource "leases" '
-            f'in API group "coordination.k8s.io" in the namespace "{INSTALL_NS}"'
+            f'in API group "coordination.k8s.io" in the namespace "{kube_scope.install_ns}"'
         )
-        await wait_until(lambda: any(d.message == want for d in c.emu.denials), within=10, what="lease create denied")
+
+        def refused() -> bool:
+            return any(json.loads(d.error)["message"].startswith(want) for d in c.denials() if d.error)
+
+        await wait_until(refused, within=15, what="lease create denied")
         assert not c.runtime.runai.leader.is_leader
 
 
@@ -404,7 +384,7 @@ class Grant:
     scope: str  # "cluster" (a ClusterRole bound cluster-wide) or the Role's namespace
     names: tuple[str, ...] = ()
 
-    def covers(self, req: AccessRequest) -> bool:
+    def covers(self, req: Call) -> bool:
         return (
             req.verb == self.verb
             and req.group == self.group
@@ -433,7 +413,7 @@ def grants_of(manifests: list[dict[str, Any]], user: str) -> list[Grant]:
 
 
 def test_the_rendered_rbac_is_no_more_than_needed(life: Life, capsys: pytest.CaptureFixture[str]) -> None:
-    used = [r for r in life.emu.granted if r.user == life.sa_user]
+    used = life.granted
     grants = grants_of(life.manifests, life.sa_user)
     lines = [f"{'verb':<7} {'group':<22} {'resource':<21} {'granted in':<38} {'used in':<10} calls"]
     unused: list[Grant] = []
@@ -457,8 +437,8 @@ def test_the_rendered_rbac_is_no_more_than_needed(life: Life, capsys: pytest.Cap
         spread = {None if r.resource == "namespaces" else r.namespace or None for r in writes}
         if (g.verb, g.group, g.resource) in EXPLAINED_BROAD or None in spread or len(spread) > 1:
             continue
-        where = next(iter(spread)) if spread else "no namespace at all"
-        broad.append(f"{g.verb} {g.group or 'core'}/{g.resource} granted cluster-wide; written only in {where}")
+        only = next(iter(spread)) if spread else "no namespace at all"
+        broad.append(f"{g.verb} {g.group or 'core'}/{g.resource} granted cluster-wide; written only in {only}")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
         for g in unused:
@@ -466,58 +446,3 @@ def test_the_rendered_rbac_is_no_more_than_needed(life: Life, capsys: pytest.Cap
         for (verb, group, resource), why in EXPLAINED_BROAD.items():
             print(f"kept cluster-wide: {verb} {group or 'core'}/{resource}: {why}")
     assert broad == [], broad
-
-
-# -- the RBAC mode itself ----------------------------------------------------------------------------
-
-
-def test_request_attributes_follow_the_apiservers_request_info() -> None:
-    def attrs(method: str, path: str, **query: str) -> tuple[str, str, str | None, str, str]:
-        r = request_attributes(method, path, query, "u", ())
-        return r.verb, r.resource, r.namespace, r.name, r.subresource
-
-    assert attrs("GET", "/api/v1/namespaces") == ("list", "namespaces", None, "", "")
-    assert attrs("GET", "/api/v1/namespaces/p1") == ("get", "namespaces", "p1", "p1", "")
-    assert attrs("PATCH", "/api/v1/namespaces/p1") == ("patch", "namespaces", "p1", "p1", "")
-    assert attrs("PUT", "/api/v1/namespaces/p1/finalize") == ("update", "namespaces", "p1", "p1", "finalize")
-    assert attrs("GET", "/api/v1/pods", watch="true") == ("watch", "pods", None, "", "")
-    assert attrs("GET", "/api/v1/namespaces/h/configmaps", fieldSelector="metadata.name=s") == (
-        "list", "configmaps", "h", "s", "")  # fmt: skip
-    assert attrs("POST", "/api/v1/namespaces/h/configmaps") == ("create", "configmaps", "h", "", "")
-    assert attrs("DELETE", "/api/v1/namespaces/h/configmaps") == ("deletecollection", "configmaps", "h", "", "")
-    assert attrs("GET", "/apis/kueue.x-k8s.io/v1beta1") == ("get", "", None, "", "")  # discovery
-    assert forbidden_message(request_attributes("GET", "/api/v1/pods", {}, "u", ())) == (
-        'pods is forbidden: User "u" cannot list resource "pods" in API group "" at the cluster scope'
-    )
-
-
-async def test_resource_names_and_role_bindings_scope_as_in_kubernetes() -> None:
-    async with KubeEmulator(token=ROOT_TOKEN, rbac=True) as emu:
-        for ns in ("a", "b"):
-            emu.create_object(namespace(ns, project=False))
-        named = {**rule("", "configmaps", "get", "list", "watch", "create", "update"), "resourceNames": ["only"]}
-        meta = {"name": "r", "namespace": "a"}
-        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [named]}
-        emu.create_object(role)
-        emu.create_object({**binding("RoleBinding", "r", "Role", ns="a"), "subjects": [
-            {"kind": "ServiceAccount", "name": "sa"}]})  # fmt: skip
-        emu.add_service_account("t", "a", "sa")
-        async with aiohttp.ClientSession(emu.url, headers={"Authorization": "Bearer t"}) as http:
-
-            async def status(method: str, path: str, body: Any = None) -> int:
-                async with http.request(method, path, json=body) as response:
-                    return response.status
-
-            cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "only"}}
-            assert await status("POST", "/api/v1/namespaces/a/configmaps", cm) == 403  # no name on a create
-            assert await status("GET", "/api/v1/namespaces/a/configmaps") == 403  # nor on a plain list
-            assert await status("GET", "/api/v1/namespaces/a/configmaps?fieldSelector=metadata.name%3Donly") == 200
-            assert await status("GET", "/api/v1/namespaces/a/configmaps/only") == 404  # allowed, not there
-            assert await status("GET", "/api/v1/namespaces/a/configmaps/other") == 403
-            assert await status("GET", "/api/v1/namespaces/b/configmaps/only") == 403  # the binding is a's
-            assert await status("GET", "/api") == 200  # discovery
-        assert [d.request.verb for d in emu.denials] == ["create", "list", "get", "get"]
-        assert emu.denials[0].message == (
-            'configmaps is forbidden: User "system:serviceaccount:a:sa" cannot create resource "configmaps" '
-            'in API group "" in the namespace "a"'
-        )

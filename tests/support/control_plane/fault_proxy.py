@@ -72,9 +72,10 @@ _REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotF
 COMPACT_REV_KEY = b"compact_rev_key"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Call:
-    """One request as the apiserver reads it (its RequestInfo), recorded when it reached the proxy."""
+    """One request as the apiserver reads it (its RequestInfo), recorded when it reached the proxy,
+    and the status it was answered with (None while it waits; 403: the apiserver's RBAC refused it)."""
 
     method: str
     path: str
@@ -85,6 +86,9 @@ class Call:
     namespace: str
     name: str
     subresource: str
+    status: int | None = None
+    error: str = ""  # the body of an answer that is not a success, as the apiserver wrote it
+    body: bytes = b""  # what the caller sent (a create's object, a patch)
 
     @property
     def is_watch(self) -> bool:
@@ -112,6 +116,10 @@ def request_info(method: str, path: str, query: dict[str, str]) -> Call:
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
     if method in ("GET", "HEAD"):
         verb = "watch" if watching else ("get" if name else "list")
+        selected = query.get("fieldSelector", "")
+        if not name and selected.startswith("metadata.name=") and "," not in selected:
+            # RBAC's resourceNames apply to a list or watch of one name: the apiserver reads it so.
+            name = selected.removeprefix("metadata.name=")
     elif method == "DELETE":
         verb = "delete" if name else "deletecollection"
     return Call(method, path, dict(query), verb or method.lower(), group, resource, namespace, name, subresource)
@@ -430,9 +438,11 @@ class FaultProxy:
                 finally:
                     fault.waiting -= 1
             if fault.status is not None:
+                call.status = fault.status
                 return web.json_response(_status(fault.status, "injected by the test's fault proxy"),
                                          status=fault.status)  # fmt: skip
             if fault.expire is not None:
+                call.status = 410
                 return await self._expired(request, call, in_stream=fault.expire == "stream")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         if edits:  # a body the proxy rewrites must come uncompressed
@@ -445,11 +455,15 @@ class FaultProxy:
         # As the caller wrote it: a query re-encoded could read differently at the apiserver.
         url = yarl.URL(self.upstream + request.raw_path, encoded=True)
         body = await request.read() if request.can_read_body else None
+        call.body = body or b""
         async with session.request(request.method, url, headers=headers, data=body, allow_redirects=False) as up:
             out_headers = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS}
+            call.status = up.status
             if not call.is_watch:
                 body = await up.read()
-                if edits and up.status == 200:
+                if up.status >= 400:
+                    call.error = body[:4000].decode(errors="replace")
+                if edits and 200 <= up.status < 300:
                     body = _edited_answer(body, edits)
                 return web.Response(status=up.status, body=body, headers=out_headers)
             response = web.StreamResponse(status=up.status, headers=out_headers)
