@@ -42,8 +42,9 @@ RUN --mount=type=bind,from=builder,source=/app,target=/app \
     pip install --no-index --find-links=/app -c /constraints.txt scheduling-webhook
 # Numeric, so the kubelet can verify runAsNonRoot without looking the name up.
 USER 10001:10001
-# The chart's ports: admission 9443, the console and the APIs 8443, probes and /metrics 8444.
-EXPOSE 8443 8444 9443
+# The chart's ports: admission 9443, the console and the APIs 8443, probes and /metrics 8444, the
+# aggregated API (behind the apiserver) 8445.
+EXPOSE 8443 8444 8445 9443
 ENTRYPOINT ["scheduling-webhook"]
 # Certificates and the Run:ai client secret are mounted at run time; nothing secret is in the image.
 CMD ["serve", "--certs", "/certs", "--port", "8443"]

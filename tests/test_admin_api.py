@@ -9,7 +9,6 @@ that lets a test read the apiserver's answers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -25,12 +24,10 @@ from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.departments import Env, environment
 from tests.support.https import HttpsServer, StartHttpsServer
 from tests.support.kube_scope import KubeScope, eventually
-from webhook.cli import main as cli_main
 from webhook.http.admin_api import AdminAuthError, admin_routes, bearer_token
 from webhook.kube.api import KubeApi
 from webhook.runai.departments import MOVE_ANNOTATION
 from webhook.snapshot import DEPARTMENT_LABEL
-from webhook.tls.issuing import make_ca
 
 # A bound on waiting for the apiserver's RBAC caches to catch up with a new binding.
 CAUGHT_UP_WITHIN_S = 15.0
@@ -149,6 +146,32 @@ async def test_admin_api_moves_a_project_and_reminds_to_readd_quota_and_access_r
     assert "Re-add GPU quota" in event["message"]
 
 
+async def test_a_dry_run_says_what_a_move_and_a_delete_would_do_and_changes_nothing(
+    admin: Admin, https_server: StartHttpsServer
+) -> None:
+    env = admin.env
+    p1, busy = env.name("p1"), env.name("busy")
+    await env.project_ns(p1)
+    await env.project_ns(busy, department="ml", runai_department="ml")
+    env.pod(busy, "notebook-0", "Running")
+    srv = await _serve(admin, https_server)
+    status, answer = await _call(srv, "POST", _move(p1) + "?dryRun=All", admin.alice, body={"department": "ml"})
+    assert status == 200, answer
+    assert answer["dry_run"] is True and answer["outcome"] == "moved", answer
+    assert answer["message"].startswith(f"would move {p1}"), answer
+    # What a real move would refuse, a dry run refuses alike.
+    status, answer = await _call(srv, "POST", _move(busy) + "?dryRun=All", admin.alice, body={"department": None})
+    assert (status, answer["code"]) == (409, "ProjectBusy"), answer
+    status, answer = await _call(srv, "DELETE", "/api/v1/admin/departments/ml?dryRun=All", admin.alice)
+    assert status == 409 and answer["dry_run"] is True and answer["remaining"] == [busy], answer
+    status, answer = await _call(srv, "POST", _move(p1) + "?dryRun=yes", admin.alice, body={"department": "ml"})
+    assert status == 400 and "dryRun" in answer["error"], answer
+    # Reads only: Run:ai was asked (after signing in), nothing was written anywhere.
+    assert [r.path for r in env.runai.requests if r.method != "GET" and r.path != "/api/v1/token"] == []
+    assert DEPARTMENT_LABEL not in await env.labels(p1) and (await env.labels(busy))[DEPARTMENT_LABEL] == "ml"
+    assert admin.proxy.calls(verb="patch", resource="namespaces") == []
+
+
 async def test_admin_api_answers_each_failure_with_its_status(admin: Admin, https_server: StartHttpsServer) -> None:
     env = admin.env
     busy, locked, p1, ghost = (env.name(p) for p in ("busy", "locked", "p1", "ghost"))
@@ -233,57 +256,6 @@ async def test_deleting_a_department_no_project_is_in_is_404(admin: Admin, https
     assert (status, answer["code"]) == (404, "DepartmentNotFound"), answer
     assert "nosuch" in answer["error"] and DEPARTMENT_LABEL in answer["error"]
     assert (await env.labels(a1))[DEPARTMENT_LABEL] == "ml"
-
-
-# -- the CLI --------------------------------------------------------------------------------------
-
-
-async def _cli(srv: HttpsServer, *argv: str, token: str | None) -> int:
-    args = ["admin", *argv, "--server", f"https://127.0.0.1:{srv.port}", "--ca", str(srv.certs.ca_file)]
-    if token:
-        args += ["--token", token]
-    # The CLI runs its own event loop, as from a shell; the server keeps serving on this one.
-    return await asyncio.to_thread(cli_main, args)
-
-
-async def test_cli_moves_a_project_and_exits_by_outcome(
-    admin: Admin, https_server: StartHttpsServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    env = admin.env
-    p1, busy = env.name("p1"), env.name("busy")
-    await env.project_ns(p1)
-    await env.project_ns(busy)
-    env.pod(busy, "notebook-0", "Running")
-    srv = await _serve(admin, https_server)
-
-    assert await _cli(srv, "move-project", p1, "ml", token=admin.alice) == 0
-    out = capsys.readouterr().out
-    assert f"moved {p1}" in out and "REMINDER: Re-add GPU quota and access rules" in out
-    assert (await env.labels(p1))[DEPARTMENT_LABEL] == "ml"
-
-    assert await _cli(srv, "move-project", busy, "ml", token=admin.alice) == 1
-    assert "notebook-0" in capsys.readouterr().err
-    assert await _cli(srv, "move-project", p1, "research", token=admin.bob) == 1
-    assert "403" in capsys.readouterr().err
-
-    monkeypatch.delenv("KUBE_TOKEN", raising=False)
-    assert await _cli(srv, "move-project", p1, "research", token=None) == 2
-    monkeypatch.setenv("KUBE_TOKEN", admin.alice)
-    assert await _cli(srv, "delete-department", "ml", token=None) == 0
-    out = capsys.readouterr().out
-    assert f"moved: {p1}" in out and DEPARTMENT_LABEL not in await env.labels(p1)
-
-
-async def test_cli_exits_2_when_the_server_cannot_be_reached_or_verified(
-    admin: Admin, https_server: StartHttpsServer, tmp_path: Path
-) -> None:
-    srv = await _serve(admin, https_server)
-    other_ca = tmp_path / "other-ca.crt"
-    other_ca.write_bytes(make_ca(days=1).cert_pem)
-    args = ["admin", "move-project", "p1", "ml", "--token", admin.alice, "--server", f"https://127.0.0.1:{srv.port}"]
-    assert await asyncio.to_thread(cli_main, [*args, "--ca", str(other_ca)]) == 2  # untrusted certificate
-    closed = ["admin", "move-project", "p1", "ml", "--token", admin.alice, "--ca", str(srv.certs.ca_file)]
-    assert await asyncio.to_thread(cli_main, [*closed, "--server", "https://127.0.0.1:1"]) == 2
 
 
 async def test_admin_log_lines_cannot_be_forged_through_the_path(

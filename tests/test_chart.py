@@ -54,6 +54,7 @@ SERVER_PATHS = {
 }
 CLUSTER_SCOPED = (
     "Namespace",
+    "APIService",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "ClusterRole",
@@ -667,8 +668,9 @@ def test_rbac_has_no_wildcards_and_no_secrets(rendered: list[dict[str, Any]]) ->
             assert "secrets" not in rule["resources"], "the secrets arrive as mounted files"
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
             # The only delete: the install namespace's own GPU reservation ConfigMaps (swept by the
-            # leader once their namespace is gone).
-            if "delete" in rule["verbs"]:
+            # leader once their namespace is gone). The admin ClusterRole for users deletes
+            # departments of the aggregated API, which is a department delete, not an object's.
+            if "delete" in rule["verbs"] and rule["apiGroups"] != ["scheduling.hopsworks.ai"]:
                 assert (kind, rule["resources"]) == ("Role", ["configmaps"]), rule
             assert not rule.get("nonResourceURLs")
 
@@ -710,8 +712,14 @@ def test_rbac_binds_the_install_namespaces_account(install_namespace: str, ca_bu
     objects = render(given_ca(ca_bundle), install_namespace)
     account = one(objects, "ServiceAccount")["metadata"]
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
+    # The ClusterRoles for the aggregated API's users are bound by the platform, not here.
+    users = {"hopsworks:scheduling-webhook:project-member", "hopsworks:scheduling-webhook:admin"}
+    # The apiserver's bootstrap Role that reads the front-proxy CA, bound in kube-system.
+    bootstrap = {("kube-system", "extension-apiserver-authentication-reader")}
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        roles = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects if o["kind"] == role_kind}
+        roles = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects
+                 if o["kind"] == role_kind and o["metadata"]["name"] not in users}  # fmt: skip
+        roles |= bootstrap if kind == "RoleBinding" else set()
         bindings = [o for o in objects if o["kind"] == kind]
         assert len(bindings) == len(roles)
         for binding in bindings:
@@ -733,9 +741,12 @@ def test_namespace_follows_the_values_everywhere(ca_bundle: str) -> None:
     assert one(objects, "Namespace")["metadata"]["name"] == "platform"
     for obj in objects:
         if obj["kind"] not in CLUSTER_SCOPED:
-            # Events about namespaces are accepted only in `default`: their grant is there.
+            # Events about namespaces are accepted only in `default`: their grant is there. The
+            # front-proxy CA the aggregated API needs is read in kube-system.
             events_grant = obj["metadata"]["name"] == "hopsworks:scheduling-webhook-events"
-            assert obj["metadata"]["namespace"] == ("default" if events_grant else "platform"), obj["kind"]
+            ca_reader = obj["metadata"]["name"] == "hopsworks:scheduling-webhook:authentication-reader"
+            expected = "default" if events_grant else "kube-system" if ca_reader else "platform"
+            assert obj["metadata"]["namespace"] == expected, obj["kind"]
         for path, value in strings(obj):
             # "hopsworks" as a whole value can only be the old namespace (label values aside:
             # part-of names the platform).
@@ -975,14 +986,15 @@ def test_network_policy_admits_the_apiserver_the_api_clients_and_the_scraper(ca_
     assert selector_matches(policy["spec"]["podSelector"], labels)
     apiserver, clients, scraper = policy["spec"]["ingress"]
     assert apiserver["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "fd00::1/128"}}]
-    # The apiserver alone reaches the admission port; the API clients reach the console's port only.
-    assert [p["port"] for p in apiserver["ports"]] == ["admission"]
+    # The apiserver alone reaches the admission port and the aggregated API's; the API clients
+    # reach the console's port only.
+    assert [p["port"] for p in apiserver["ports"]] == ["admission", "aggregated"]
     assert clients["from"] == [{"podSelector": {}}]  # pods of the install namespace
     assert [p["port"] for p in clients["ports"]] == ["https"]
     assert scraper["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert [p["port"] for p in scraper["ports"]] == ["probes"]
     named = {p["name"] for p in container(objects)["ports"]}
-    assert {"https", "admission", "probes"} <= named
+    assert {"https", "admission", "probes", "aggregated"} <= named
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from tests.support import chart
 from tests.support.apps import cache_app
@@ -194,6 +196,12 @@ def test_readme_lists_every_endpoint() -> None:
 
     paths |= {"/api/v1/projects/{namespace}/gpu", "/api/v1/admin/runai", MOVE_PATH, DELETE_DEPARTMENT_PATH}
     paths.add(SCHEDULING_PATH)
+    # The aggregated API's, on --aggregated-port (what it serves does not matter for its paths).
+    from webhook.http.aggregated_api import aggregated_routes, requestheader_config
+
+    nothing: Any = None
+    config = requestheader_config({"requestheader-client-ca-file": "CA"})
+    paths |= {r.path for r in aggregated_routes(nothing, nothing, config) if isinstance(r, web.RouteDef)}
     endpoints = section(README, "### Endpoints")
     for path in paths:
         assert f"{path}`" in endpoints, path
@@ -303,5 +311,7 @@ def test_renewal_and_cert_manager_are_documented() -> None:
     assert "certs.mode: certManager" in renewal and "renewBeforeDays" in section(MANIFESTS_README, "## Certificates")
     assert "inject-ca-from" in section(MANIFESTS_README, "## Certificates")
     admin = section(MANIFESTS_README, "## Reaching the server as an admin")
-    assert "port-forward" in admin and "--server-name scheduling-webhook.hopsworks.svc" in admin
-    assert "kubectl -n hopsworks create token" in admin
+    # Through the apiserver with the user's kubeconfig: no token pasted, no port-forward.
+    assert "kubectl hopsworks move" in admin and "--dry-run=server" in admin
+    assert "port-forward" not in admin and "create token" not in admin
+    assert "extension-apiserver-authentication" in admin

@@ -103,10 +103,12 @@ def _protocol_check(directory: StandinDirectory) -> RunaiDirectoryView:
 class UnreachableMover:
     """The admin routes' mover, for tests that never get past authentication."""
 
-    async def move_project(self, namespace: str, department: str | None, *, requested_by: str = "") -> Any:
+    async def move_project(
+        self, namespace: str, department: str | None, *, requested_by: str = "", dry_run: bool = False
+    ) -> Any:
         raise AssertionError("an unauthenticated request reached the mover")
 
-    async def delete_department(self, name: str, *, requested_by: str = "") -> Any:
+    async def delete_department(self, name: str, *, requested_by: str = "", dry_run: bool = False) -> Any:
         raise AssertionError("an unauthenticated request reached the mover")
 
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.support.reviews import assert_valid_pod, review
+from webhook.core.decision import Decision
+from webhook.review import joined_audit
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "examples" / "cluster"
@@ -82,3 +85,19 @@ def test_an_object_the_rules_cannot_read_is_bad_input_as_served(tmp_path: Path) 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "cannot read the object: object.spec.priorityClassName: must be a string, got number" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("mutation", "validation", "joined"),
+    [
+        ({}, {}, {}),
+        ({"a": "1"}, {"b": "2"}, {"a": "1", "b": "2"}),
+        ({"would-refuse": "priority-class: x"}, {"would-refuse": "gpu-quota: y"},
+         {"would-refuse": "priority-class: x; gpu-quota: y"}),
+        ({"k": "same"}, {"k": "same"}, {"k": "same"}),
+    ],
+)  # fmt: skip
+def test_the_offline_review_keeps_what_both_webhooks_wrote_under_one_audit_key(
+    mutation: dict[str, str], validation: dict[str, str], joined: dict[str, str]
+) -> None:
+    assert joined_audit(Decision(True, audit=mutation), Decision(True, audit=validation)) == joined

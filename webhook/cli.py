@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the webhooks on --port with everything else)",
     )
     serve.add_argument(
+        "--aggregated-port",
+        type=int,
+        default=None,
+        help="serve the aggregated API (scheduling.hopsworks.ai/v1, reached through the apiserver by "
+        "`kubectl hopsworks`) here; it requires the apiserver's front-proxy client certificate, read from "
+        "kube-system/extension-apiserver-authentication (cluster mode only; default: not served)",
+    )
+    serve.add_argument(
         "--reuse-port",
         action="store_true",
         help="let other processes listen on the same address and port (SO_REUSEPORT): the kernel spreads "
@@ -192,7 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     completion.add_argument("shell", choices=("bash", "zsh"), help="the shell")
 
-    admin = command("admin", "administrator actions against a running server in cluster mode")
+    admin = command(
+        "admin",
+        "administrator actions through the apiserver, as the kubeconfig's user (as `kubectl hopsworks`)",
+    )
     admin_sub = admin.add_subparsers(dest="action", required=True)
     move = admin_sub.add_parser(
         "move-project", help="move a project to another Run:ai department", formatter_class=HELP
@@ -206,19 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     delete.add_argument("name", help="the Run:ai department")
     for p in (move, delete):
+        p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+        p.add_argument("--context", default=None, help="the kubeconfig context (default: its current one)")
         p.add_argument(
-            "--server",
-            default="https://127.0.0.1:8443",
-            help="the server's URL (e.g. the local end of kubectl port-forward, manifests/README.md)",
+            "--dry-run",
+            nargs="?",
+            const="server",
+            default="none",
+            choices=("none", "server"),
+            help="server: the server checks everything and says what would change, and changes nothing",
         )
-        p.add_argument(
-            "--server-name",
-            default=None,
-            help="verify the certificate for this name instead of the URL's host, e.g. "
-            "scheduling-webhook.hopsworks.svc through a port-forward",
-        )
-        p.add_argument("--ca", default="certs/cluster/ca.crt", help="the CA that signed the server's certificate")
-        p.add_argument("--token", default=None, help="bearer token (default: $KUBE_TOKEN)")
     return parser
 
 
@@ -265,7 +273,18 @@ def _run(argv: list[str] | None) -> int:
 
         return review_command(args)
     if args.command == "admin":
-        from webhook.admin_cli import admin_command
+        from webhook.kubectl_plugin import run as run_plugin
 
-        return admin_command(args)
+        # The kubectl plugin's move and delete-department, under their older names here.
+        plugin_args = argparse.Namespace(
+            command="move" if args.action == "move-project" else "delete-department",
+            project=getattr(args, "namespace", None),
+            department=args.department if args.action == "move-project" else args.name,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            namespace=None,
+            output="table",
+            dry_run=args.dry_run,
+        )
+        return run_plugin(plugin_args)
     return 2

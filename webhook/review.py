@@ -77,8 +77,18 @@ async def _decide(request: dict[str, Any], state: ClusterState) -> tuple[Decisio
     warnings = mutation.warnings + validation.warnings
     if not validation.allowed:
         return replace(validation, warnings=warnings), None
-    audit = {**mutation.audit, **validation.audit}
-    return Decision(True, patch=mutation.patch, warnings=warnings, audit=audit), patched
+    return Decision(True, patch=mutation.patch, warnings=warnings, audit=joined_audit(mutation, validation)), patched
+
+
+def joined_audit(*decisions: Decision) -> dict[str, str]:
+    """The audit annotations of the webhooks in turn. The apiserver keeps each under its webhook's
+    name; here both land in one map, so a key that both wrote (a would-be refusal of the mutation's
+    rules and of the quota) keeps both values instead of the last."""
+    audit: dict[str, str] = {}
+    for decision in decisions:
+        for key, value in decision.audit.items():
+            audit[key] = f"{audit[key]}; {value}" if key in audit and audit[key] != value else value
+    return audit
 
 
 def review_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

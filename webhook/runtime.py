@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.log import access_logger
-from kubernetes_asyncio import config
+from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.core.guard_config import GuardConfig, Identities
@@ -61,6 +61,9 @@ class ServeOptions:
     # The admission webhooks on a port of their own, the only one that asks for the apiserver's
     # client certificate (`client_ca`, `client_names`); None: on `port`, beside the console and APIs.
     admission_port: int | None = None
+    # The aggregated API (webhook.http.aggregated_api) on a port of its own, the only one that asks
+    # for the apiserver's front-proxy client certificate; None: not served. Cluster mode only.
+    aggregated_port: int | None = None
     # SO_REUSEPORT: several processes share the address, the kernel spreads connections over them
     # (a restart without a gap on one host; the test control plane's two replicas behind a Service).
     reuse_port: bool = False
@@ -93,6 +96,7 @@ class ServeOptions:
             port=args.port,
             probe_port=args.probe_port or None,
             admission_port=args.admission_port,
+            aggregated_port=args.aggregated_port,
             reuse_port=args.reuse_port,
             certs=Path(args.certs),
             state_dir=Path(args.state) if args.state else None,
@@ -182,7 +186,10 @@ class Runtime:
         self.probe_runner: web.AppRunner | None = None
         self.admission_runner: web.AppRunner | None = None
         self.admission_port: int | None = None  # where the admission listener listens, once started
+        self.aggregated_port: int | None = None  # where the aggregated API listens, once started
+        self._aggregated: tuple[Any, Any] | None = None  # (GpuViews, mover) for the aggregated API
         self._listeners: list[Listener] = []
+        self._runners: list[web.AppRunner] = []  # of listeners beyond the main, admission and probe ones
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
         self._readiness: list[Callable[[], str | None]] = []  # besides the caches and the certificate
@@ -277,6 +284,8 @@ class Runtime:
                 admission.port,
                 "client certificate required" if options.client_ca else "no client certificate asked",
             )
+        if options.aggregated_port is not None and self.api_client is not None and self._aggregated is not None:
+            await self._start_aggregated(options.aggregated_port, plain.cert_file, plain.key_file)
         # Unready while the listener the apiserver calls refuses newcomers: the Service then sends
         # the apiserver to a replica that takes them (the probe port's /readyz says it too).
         self.app[SERVER_KEY].readiness.append(admitting.no_room)
@@ -307,6 +316,61 @@ class Runtime:
             host = "localhost" if is_loopback(self.options.host) else self.options.host
             log.info("console on https://%s:%d/ui/", host, main.port)
         tune_garbage_collector()
+
+    async def _start_aggregated(self, port: int, cert_file: Path, key_file: Path) -> None:
+        """The aggregated API's listener: it requires the front-proxy client certificate the apiserver
+        publishes the CA and names of. Without them (an apiserver with no aggregation layer, or no
+        right to read them) the rest still serves: the APIService then shows as unavailable."""
+        import tempfile
+
+        from webhook.http.aggregated_api import AUTHENTICATION_CONFIGMAP, aggregated_routes, requestheader_config
+        from webhook.http.app import errors_as_json
+        from webhook.kube.api import KubeError, raw_call
+        from webhook.tls.issuing import write_file_atomic
+        from webhook.tls.watcher import CertWatcher
+
+        assert self.api_client is not None and self._aggregated is not None
+        namespace, name = AUTHENTICATION_CONFIGMAP
+        try:
+            core = client.CoreV1Api(self.api_client)
+            found = await raw_call(core.read_namespaced_config_map, name, namespace, call_path="background")
+            config = requestheader_config(found.get("data") or {})
+        except (KubeError, ValueError, OSError, TimeoutError) as exc:
+            log.error("aggregated API not served: cannot read %s/%s: %s", namespace, name, exc)
+            return
+        # The CA as a file, which the TLS context loads; private to this process.
+        folder = Path(tempfile.mkdtemp(prefix="scheduling-webhook-front-proxy-"))
+        ca_file = folder / "requestheader-ca.crt"
+        write_file_atomic(ca_file, config.client_ca.encode(), 0o600)
+        certs = CertWatcher(cert_file, key_file, client_ca_file=ca_file)
+        await certs.start()
+        self._stoppers.append(certs)
+        views, mover = self._aggregated
+        app = web.Application(client_max_size=64 * 1024, middlewares=[errors_as_json])
+        app.router.add_routes(aggregated_routes(views, mover, config))
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            shutdown_timeout=self.options.shutdown_timeout,
+            keepalive_timeout=self.options.connection_limits.idle_timeout_s,
+            access_log=access_logger if self.options.access_log else None,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        listener = Listener(
+            runner, self.options.host, port, certs.ssl_context, self.options.connection_limits, "aggregated",
+            reuse_port=self.options.reuse_port, client_names=frozenset(config.allowed_names),
+        )  # fmt: skip
+        await listener.start()
+        self._listeners.append(listener)
+        self.aggregated_port = listener.port
+        log.info(
+            "aggregated API %s on https://%s:%d (the apiserver's front-proxy certificate required%s)",
+            "scheduling.hopsworks.ai/v1",
+            self.options.host,
+            listener.port,
+            f", named {', '.join(config.allowed_names)}" if config.allowed_names else "",
+        )
 
     async def _start_state(self) -> None:
         if self.options.state_dir is not None:
@@ -376,6 +440,7 @@ class Runtime:
             lookup=runai.lookup_project,
             left_in_runai=runai.left.load,
         )
+        self._aggregated = (views, mover)
         if options.console_keys is not None:
             # The Secret every replica mounts: a session sealed on one is good on the other.
             key_file = KeyFile(options.console_keys)
@@ -430,6 +495,8 @@ class Runtime:
             await self.probe_runner.cleanup()
         if self.admission_runner is not None:
             await self.admission_runner.cleanup()
+        for runner in self._runners:
+            await runner.cleanup()
         if self.runner is not None:
             await self.runner.cleanup()
         for part in reversed(self._stoppers):

@@ -379,8 +379,9 @@ def nothing_of_the_chart_left(cp: ControlPlane) -> None:
     assert chart.RELEASE not in helm(cp, "list", "--all-namespaces", "--short")
     kinds = "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,jobs"
     cluster_kinds = ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
-                     "validatingadmissionpolicies,validatingadmissionpolicybindings")  # fmt: skip
-    for namespace in (INSTALL_NS, RUNAI_NAMESPACE):
+                     "validatingadmissionpolicies,validatingadmissionpolicybindings,apiservices")  # fmt: skip
+    # kube-system: the RoleBinding that reads the aggregation layer's front-proxy CA.
+    for namespace in (INSTALL_NS, RUNAI_NAMESPACE, "kube-system"):
         left = cp.get_json(kinds, "-n", namespace, "-l", "app.kubernetes.io/name")["items"]
         assert left == [], [(o["kind"], o["metadata"]["name"]) for o in left]
     left = cp.get_json(cluster_kinds, "-l", "app.kubernetes.io/name")["items"]

@@ -50,9 +50,13 @@ class AdminAuthError(Exception):
 class Mover(Protocol):
     """What the routes need of `DepartmentMover`."""
 
-    async def move_project(self, namespace: str, department: str | None, *, requested_by: str = "") -> MoveResult: ...
+    async def move_project(
+        self, namespace: str, department: str | None, *, requested_by: str = "", dry_run: bool = False
+    ) -> MoveResult: ...
 
-    async def delete_department(self, name: str, *, requested_by: str = "") -> DepartmentDeleteResult: ...
+    async def delete_department(
+        self, name: str, *, requested_by: str = "", dry_run: bool = False
+    ) -> DepartmentDeleteResult: ...
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -150,27 +154,38 @@ async def _answer(work: Callable[[], Awaitable[Answer]]) -> Answer:
         return 503, {"error": str(exc), "code": "Unavailable"}
 
 
-async def move_project_answer(mover: Mover, namespace: str, department: str | None, who: str) -> Answer:
+async def move_project_answer(
+    mover: Mover, namespace: str, department: str | None, who: str, *, dry_run: bool = False
+) -> Answer:
     """What `POST /api/v1/admin/projects/{namespace}/move` answers, for a caller already authorized
-    as an admin (the console asks the same)."""
+    as an admin (the console and the aggregated API ask the same)."""
 
     async def move() -> Answer:
         # Path and body are the caller's: escaped, so that %0A cannot start a forged log line.
-        log.info("admin %s moves %s to department %s", log_safe(who), log_safe(namespace), log_safe(department))
+        log.info(
+            "admin %s %s %s to department %s",
+            log_safe(who),
+            "dry-runs a move of" if dry_run else "moves",
+            log_safe(namespace),
+            log_safe(department),
+        )
         result: MoveResult = await _run_to_completion(
-            mover.move_project(namespace, department or None, requested_by=who)
+            mover.move_project(namespace, department or None, requested_by=who, dry_run=dry_run)
         )
         return 200, result.to_json()
 
     return await _answer(move)
 
 
-async def delete_department_answer(mover: Mover, name: str, who: str) -> Answer:
+async def delete_department_answer(mover: Mover, name: str, who: str, *, dry_run: bool = False) -> Answer:
     """What `DELETE /api/v1/admin/departments/{name}` answers, for a caller already authorized."""
 
     async def delete() -> Answer:
-        log.info("admin %s deletes department %s", log_safe(who), log_safe(name))
-        result: DepartmentDeleteResult = await _run_to_completion(mover.delete_department(name, requested_by=who))
+        log.info("admin %s %s department %s", log_safe(who), "dry-runs a delete of" if dry_run else "deletes",
+                 log_safe(name))  # fmt: skip
+        result: DepartmentDeleteResult = await _run_to_completion(
+            mover.delete_department(name, requested_by=who, dry_run=dry_run)
+        )
         if result.complete and not result.moved:
             # A department is the label its projects carry: with none, there is nothing of that name.
             return 404, {
@@ -188,6 +203,17 @@ async def _run_to_completion(work: Awaitable[Any]) -> Any:
     task = asyncio.ensure_future(work)
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
     return await asyncio.shield(task)
+
+
+def dry_run_of(request: web.Request) -> bool | web.Response:
+    """`?dryRun=All`, as the Kubernetes API takes it (kubectl's `--dry-run=server` sends it): True;
+    absent: False; any other value: a 400, as the apiserver answers one."""
+    values = request.query.getall("dryRun", [])
+    if not values:
+        return False
+    if values == ["All"]:
+        return True
+    return _error(400, "BadRequest", "dryRun: the only value is All")
 
 
 def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
@@ -212,7 +238,10 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
             department = body["department"]
             if department is not None and not isinstance(department, str):
                 return _error(400, "InvalidDepartment", "department must be a string (or null for the default)")
-            status, answer = await move_project_answer(mover, namespace, department, who)
+            dry_run = dry_run_of(request)
+            if isinstance(dry_run, web.Response):
+                return dry_run
+            status, answer = await move_project_answer(mover, namespace, department, who, dry_run=dry_run)
             return web.json_response(answer, status=status)
 
         return await guarded(request, act)
@@ -221,7 +250,10 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
         name = request.match_info["name"]
 
         async def act(who: str) -> web.Response:
-            status, answer = await delete_department_answer(mover, name, who)
+            dry_run = dry_run_of(request)
+            if isinstance(dry_run, web.Response):
+                return dry_run
+            status, answer = await delete_department_answer(mover, name, who, dry_run=dry_run)
             return web.json_response(answer, status=status)
 
         return await guarded(request, act)

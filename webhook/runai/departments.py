@@ -155,10 +155,14 @@ class DepartmentMover:
 
     # -- public API ----------------------------------------------------------------------------
 
-    async def move_project(self, namespace: str, department: str | None, *, requested_by: str = "") -> MoveResult:
+    async def move_project(
+        self, namespace: str, department: str | None, *, requested_by: str = "", dry_run: bool = False
+    ) -> MoveResult:
         """Move `namespace` to `department` (None: the default department, i.e. no label).
 
-        Raises MoveError subclasses; their `status` is the admin API's answer.
+        Raises MoveError subclasses; their `status` is the admin API's answer. `dry_run`: the same
+        reads and checks (Run:ai's departments and project, the pods), then the answer the move
+        would give, with nothing written, as kubectl's `--dry-run=server` promises.
         """
         if department is not None:
             error = department_name_error(department)
@@ -166,14 +170,16 @@ class DepartmentMover:
                 raise InvalidDepartment(error, namespace=namespace)
         for _ in range(3):
             try:
-                return await self._move_once(namespace, department, requested_by)
+                return await self._move_once(namespace, department, requested_by, dry_run)
             except RecordConflict:
                 continue
         raise MoveInProgress(
             f"{namespace} kept changing while the move was being recorded; try again", namespace=namespace
         )
 
-    async def delete_department(self, name: str, *, requested_by: str = "") -> DepartmentDeleteResult:
+    async def delete_department(
+        self, name: str, *, requested_by: str = "", dry_run: bool = False
+    ) -> DepartmentDeleteResult:
         """Move the department's projects to the default department, one at a time.
 
         "The default department" is the absent department label, not a label set to
@@ -188,10 +194,12 @@ class DepartmentMover:
             NamespaceInfo.from_object(o).name
             for o in await self._list_namespaces(f"{PROJECT_LABEL},{DEPARTMENT_LABEL}={name}")
         )
-        result = DepartmentDeleteResult(department=name)
+        result = DepartmentDeleteResult(department=name, dry_run=dry_run)
         for index, namespace in enumerate(namespaces):
             try:
-                result.moved.append(await self.move_project(namespace, None, requested_by=requested_by))
+                result.moved.append(
+                    await self.move_project(namespace, None, requested_by=requested_by, dry_run=dry_run)
+                )
             except UnknownNamespace:
                 continue  # deleted since the list: nothing to move
             except MoveError as exc:
@@ -221,7 +229,7 @@ class DepartmentMover:
 
     # -- the decision --------------------------------------------------------------------------
 
-    async def _move_once(self, namespace: str, target: str | None, by: str) -> MoveResult:
+    async def _move_once(self, namespace: str, target: str | None, by: str, dry_run: bool = False) -> MoveResult:
         obj = await self.records.read_namespace(namespace)
         ns = NamespaceInfo.from_object(obj)
         base = MoveResult(namespace, ns.department, target, "label-only", "", runai_project=ns.runai_queue)
@@ -254,13 +262,37 @@ class DepartmentMover:
             plan = plan_move(facts)
 
         if isinstance(plan, Unchanged):
-            return replace(base, outcome="unchanged", message=plan.message)
+            return replace(base, outcome="unchanged", message=plan.message, dry_run=dry_run)
         if isinstance(plan, RelabelOnly):
             base = replace(base, runai_from=plan.runai_from, runai_to=plan.runai_to)
+            if dry_run:
+                return replace(
+                    base,
+                    dry_run=True,
+                    drift=plan.drift,
+                    message=f"would move {namespace} from {label_text(base.from_department)} to "
+                    f"{label_text(base.to_department)}; {plan.message}",
+                )
             return await self._relabel(obj, base, plan.message, drift=plan.drift)
         if isinstance(plan, Refused):
             raise self._refusal(plan, namespace, obj, facts)
         assert isinstance(plan, MoveWithIntent) and runai is not None and old is not None, plan
+        if dry_run:
+            busy = self._busy_pods(namespace)
+            if busy:
+                raise self._busy_error(namespace, busy)
+            runai_from = plan.runai_from.name if plan.runai_from is not None else old.parent_id
+            return replace(
+                base,
+                outcome="moved",
+                dry_run=True,
+                runai_from=runai_from,
+                runai_to=plan.runai_to.name,
+                old_project_id=old.id,
+                message=f"would move {namespace} from {label_text(base.from_department)} to "
+                f"{label_text(base.to_department)}: its Run:ai project {old.name} would be deleted in Run:ai "
+                f"department {runai_from} and created again in {plan.runai_to.name}, without GPU quota",
+            )
         intent = self._new_intent(ns, target, plan, old, cluster_id, by)
         async with self.records.holding(namespace):
             obj = await self.records.record(obj, intent)

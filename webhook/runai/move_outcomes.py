@@ -102,6 +102,7 @@ class MoveResult:
     new_project_id: str | None = None
     drift: bool = False  # the Run:ai project stays in another Run:ai department than expected
     reminder: str | None = None
+    dry_run: bool = False  # what the move would do; nothing was changed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +114,7 @@ class DepartmentDeleteResult:
     moved: list[MoveResult] = field(default_factory=list)
     failed: dict[str, Any] | None = None  # {"namespace", "status", "code", "reason", "pods"?}
     remaining: list[str] = field(default_factory=list)
+    dry_run: bool = False  # what the delete would do; nothing was changed
 
     @property
     def complete(self) -> bool:
@@ -124,7 +126,18 @@ class DepartmentDeleteResult:
 
     def to_json(self) -> dict[str, Any]:
         reminders = [m.reminder for m in self.moved if m.reminder]
-        if self.complete:
+        if self.complete and self.dry_run:
+            message = (
+                f"department {self.department}: {len(self.moved)} project(s) would move to the default department "
+                "(dry run: nothing changed)"
+            )
+        elif self.dry_run:
+            failed = self.failed or {}
+            message = (
+                f"department {self.department}: a delete would stop at {failed.get('namespace')}: "
+                f"{failed.get('reason')} (dry run: nothing changed)"
+            )
+        elif self.complete:
             message = (
                 f"department {self.department}: {len(self.moved)} project(s) moved to the default department; "
                 "it has no projects left"
@@ -144,4 +157,5 @@ class DepartmentDeleteResult:
             "failed": self.failed,
             "remaining": list(self.remaining),
             "reminder": " ".join(dict.fromkeys(reminders)) or None,
+            "dry_run": self.dry_run,
         }

@@ -100,6 +100,10 @@ caBundle: {{ .Values.certs.secret.caBundle }}
 name, which the webhook configurations call; the console and the APIs stay on 8443. */}}
 {{- define "sw.admissionPort" -}}9443{{- end -}}
 
+{{/* The aggregated API's port: the container's `aggregated` port and the Service's port of that
+name, which the APIService calls; the apiserver's front proxy alone is served there. */}}
+{{- define "sw.aggregatedPort" -}}8445{{- end -}}
+
 {{/* The file of the CA whose client certificates the admission port requires, or nothing. */}}
 {{- define "sw.admissionClientCA" -}}
 {{- if and .Values.certs.clientCAKey .Values.admission.clientCA -}}

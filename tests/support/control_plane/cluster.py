@@ -32,7 +32,16 @@ import yaml
 
 from tests.support import peers
 from tests.support.control_plane.audit import AuditLog, write_policy
-from tests.support.control_plane.pki import ClientCert, Pki, WebhookClient, client_cert, make_pki, webhook_client
+from tests.support.control_plane.pki import (
+    ClientCert,
+    FrontProxy,
+    Pki,
+    WebhookClient,
+    client_cert,
+    front_proxy,
+    make_pki,
+    webhook_client,
+)
 from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
 
@@ -147,6 +156,9 @@ class ControlPlane:
     # The client certificate the apiserver presents to every webhook that asks for one
     # (`write_admission_config`), and its CA: what an install's `admission.clientCA` names.
     webhook_client: WebhookClient | None = None
+    # What the aggregation layer presents to an APIService's server, and the CA the apiserver
+    # publishes for it in kube-system/extension-apiserver-authentication.
+    front_proxy: FrontProxy | None = None
 
     def kubectl(
         self,
@@ -246,6 +258,8 @@ def start_control_plane(
     audit = AuditLog(logs / "audit.jsonl")
     cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes), audit)
     cp.webhook_client = webhooks
+    proxy_client = front_proxy(dir / "pki")
+    cp.front_proxy = proxy_client
     t0 = time.monotonic()
 
     def started(name: str, proc: Process) -> Process:
@@ -281,6 +295,16 @@ def start_control_plane(
             "--profiling=false",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit.path}",
             f"--admission-control-config-file={admission_config}",
+            # The aggregation layer, as kubeadm configures it: an APIService's server is reached on
+            # its Service's ClusterIP (no --enable-aggregator-routing), with this client
+            # certificate and the user in X-Remote-* headers.
+            f"--requestheader-client-ca-file={proxy_client.ca_file}",
+            f"--requestheader-allowed-names={proxy_client.name}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_client.cert.cert_file}",
+            f"--proxy-client-key-file={proxy_client.cert.key_file}",
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),

@@ -133,3 +133,29 @@ def serving_cert(pki: Pki, name: str, *, ips: list[str], dns_names: tuple[str, .
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     return ClientCert(*_write_pair(pki.dir, name, _leaf(pki.ca, subject, ExtendedKeyUsageOID.SERVER_AUTH, sans)))
+
+
+# The name on the client certificate kube-apiserver presents to aggregated API servers, and the one
+# name its --requestheader-allowed-names accepts (kubeadm's choice too).
+FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
+
+
+@dataclass(frozen=True)
+class FrontProxy:
+    """What the aggregation layer presents when it proxies a request to an APIService's server
+    (--proxy-client-cert-file), from a CA of its own (--requestheader-client-ca-file): a server
+    that trusts this CA for the X-Remote-User headers trusts the apiserver alone, never a user's
+    client certificate, which the cluster CA signs."""
+
+    ca_file: Path
+    cert: ClientCert
+    name: str = FRONT_PROXY_CLIENT_NAME
+
+
+def front_proxy(dir: Path) -> FrontProxy:
+    ca = make_ca("scheduling-webhook test front proxy", days=7)
+    ca_file = dir / "front-proxy-ca.crt"
+    write_file_atomic(ca_file, ca.cert_pem, 0o644)
+    pair = _leaf(ca, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT_NAME)]),
+                 ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
+    return FrontProxy(ca_file, ClientCert(*_write_pair(dir, "front-proxy-client", pair)))
