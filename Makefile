@@ -78,8 +78,8 @@ test: $(STAMP)
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest ran no tests"; exit 1; fi; exit $$rc
 
-# The e2e suite (tests/e2e, also part of `make test` against the emulated cluster) against a real
-# cluster where the install runs: `make e2e KUBECONFIG=path`.
+# The e2e suite (tests/e2e, also part of `make test` on the control plane of tests/support/control_plane)
+# against a real cluster where the install runs: `make e2e KUBECONFIG=path`.
 e2e: $(STAMP)
 	@test -n "$(KUBECONFIG)" || { echo "make e2e needs KUBECONFIG=path of a cluster with the install"; exit 2; }
 	SCHEDULING_WEBHOOK_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e

@@ -1,12 +1,15 @@
 """The console's sign-in, session cookie and cross-site protection, over real HTTPS.
 
-Tokens are checked by TokenReview and SubjectAccessReview on the Kubernetes emulator; moves run
-the real DepartmentMover against the Run:ai stand-in (as in test_admin_api). The browser tests
-(test_console_browser.py) drive the same pages through Chromium.
+Tokens are checked by TokenReview and SubjectAccessReview on the real apiserver (a KubeScope of
+the shared control plane; root is a ServiceAccount bound to cluster-admin, bob one that may get
+pods in p1), through a fault proxy that counts the reviews; moves run the real DepartmentMover
+against the Run:ai stand-in (as in test_admin_api). The browser tests (test_console_browser.py)
+drive the same pages through Chromium.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -23,8 +26,10 @@ from aiohttp import web
 
 from tests.support.apps import cache_app
 from tests.support.cluster import cluster_queue, kueue_setup, local_queue, namespace, settings_configmap
-from tests.support.emulated_departments import Env, environment
+from tests.support.control_plane.fault_proxy import FaultProxy
+from tests.support.departments import Env, environment
 from tests.support.https import LOOPBACK, HttpsServer, StartHttpsServer
+from tests.support.kube_scope import KubeScope, eventually
 from tests.support.openapi_check import validate_response
 from webhook.console import Console, console_routes
 from webhook.console.keys import KeyFile, format_keys, new_key
@@ -41,22 +46,30 @@ from webhook.snapshot import DEPARTMENT_LABEL
 from webhook.state.folder import read_objects
 from webhook.state.store import ClusterState
 
-ROOT_TOKEN, BOB_TOKEN = "token-of-root", "token-of-bob"
 EVIL = "x=<script>alert('pwned')</script>"
+# A bound on waiting for the apiserver's RBAC caches to catch up with a new binding.
+CAUGHT_UP_WITHIN_S = 15.0
 
 
 @dataclass
 class Served:
     env: Env
+    proxy: FaultProxy  # the console's way to the apiserver
     srv: HttpsServer
     keys: KeyFile
+    root_token: str  # a cluster admin's
+    bob_token: str  # may get pods in p1, nothing else
+
+    @property
+    def p1(self) -> str:
+        return self.env.name("p1")
 
     def url(self, path: str) -> str:
         return self.srv.url(path)
 
-    async def sign_in(self, token: str = ROOT_TOKEN, next_page: str = "/ui/") -> aiohttp.ClientResponse:
+    async def sign_in(self, token: str | None = None, next_page: str = "/ui/") -> aiohttp.ClientResponse:
         async with self.srv.session.post(
-            self.url("/ui/signin"), data={"token": token, "next": next_page}, allow_redirects=False
+            self.url("/ui/signin"), data={"token": token or self.root_token, "next": next_page}, allow_redirects=False
         ) as resp:
             await resp.read()
             return resp
@@ -68,14 +81,28 @@ class Served:
         return found.group(1)
 
 
-def with_users(env: Env) -> None:
-    """Project p1, root (a cluster admin) and bob (who may read p1)."""
-    env.project_ns("p1", runai_department="default")
-    env.state.apply(env.kube.get_object("Namespace", "p1") or {})
-    env.kube.add_user(ROOT_TOKEN, "root", groups=["system:masters"])
-    env.kube.allow("group:system:masters")
-    env.kube.add_user(BOB_TOKEN, "bob", groups=["system:authenticated"])
-    env.kube.allow("bob", "get", "pods", "p1")
+async def _allowed(scope: KubeScope, user: str, attributes: dict[str, str]) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": user, "groups": ["system:authenticated"], "resourceAttributes": attributes}}  # fmt: skip
+    answer = await scope.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+    return bool(answer["status"].get("allowed"))
+
+
+async def with_users(env: Env) -> tuple[str, str]:
+    """Project p1, root (a cluster admin) and bob (who may read p1): their tokens, once RBAC says so."""
+    scope, p1 = env.scope, env.name("p1")
+    await env.project_ns(p1, runai_department="default")
+    env.state.apply(await env.ns(p1))
+    root_user, root_token = await scope.admin_token("root")
+    bob_user, bob_token = await scope.user_token("bob")
+    await scope.allow(bob_user, "get", "pods", p1)
+    for user, attributes in (
+        (root_user, {"verb": "update", "resource": "namespaces"}),
+        (bob_user, {"verb": "get", "resource": "pods", "namespace": p1}),
+    ):
+        await eventually(lambda u=user, a=attributes: _allowed(scope, u, a), within_s=CAUGHT_UP_WITHIN_S,  # type: ignore[misc]
+                         interval_s=0.05, message=f"RBAC never allowed {user} {attributes}")  # fmt: skip
+    return root_token, bob_token
 
 
 def cluster_console(
@@ -85,7 +112,7 @@ def cluster_console(
     reader_ttl_s: float = 30.0,
     directory: RunaiDirectoryView | None = None,
 ) -> web.Application:
-    """The console as the runtime wires it in cluster mode, over the emulator and the stand-in
+    """The console as the runtime wires it in cluster mode, over the real apiserver and the stand-in
     (`directory`: where the GPU views read Run:ai from; None: no Run:ai data)."""
     reader = KubeAuthorizer(env.kapi, ttl_s=reader_ttl_s)
     console = Console(
@@ -100,30 +127,43 @@ def cluster_console(
     return cache_app(env.state, routes=console_routes(console))
 
 
-@pytest.fixture
-async def served(tmp_path: Path, https_server: StartHttpsServer) -> AsyncIterator[Served]:
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, scope: KubeScope, https_server: StartHttpsServer, directory: RunaiDirectoryView | None = None
+) -> AsyncIterator[Served]:
+    """The console of `cluster_console` over HTTPS, its users and its session key."""
     key_path = tmp_path / "session-keys"
     key_path.write_text(format_keys([new_key(0)]))
     keys = KeyFile(key_path)
     keys.reload_now()
-    async with environment(tmp_path) as env:
-        with_users(env)
-        signouts = Signouts(env.kapi)
-        async with signouts_watcher(signouts, env.api, "hopsworks"):
-            srv = await https_server(cluster_console(env, Sessions(keys.ring), signouts))
-            yield Served(env, srv, keys)
+    async with FaultProxy(scope.cp) as proxy:
+        api = await proxy.api_client_via(scope.kubeconfig)
+        async with environment(tmp_path, scope, api) as env:
+            root_token, bob_token = await with_users(env)
+            signouts = Signouts(env.kapi)
+            async with signouts_watcher(signouts, env.api, scope.install_ns):
+                # Until the sign-out list is read, the console answers "starting" to every action.
+                await eventually(lambda: signouts.ready, message="the sign-out list never synced")
+                srv = await https_server(cluster_console(env, Sessions(keys.ring), signouts, directory=directory))
+                yield Served(env, proxy, srv, keys, root_token, bob_token)
+
+
+@pytest.fixture
+async def served(tmp_path: Path, kube_scope: KubeScope, https_server: StartHttpsServer) -> AsyncIterator[Served]:
+    async with serving(tmp_path, kube_scope, https_server) as s:
+        yield s
 
 
 async def test_sign_in_keeps_only_who_signed_in_in_an_encrypted_session_cookie(served: Served) -> None:
-    resp = await served.sign_in(next_page="/ui/projects/p1")
-    assert resp.status == 303 and resp.headers["Location"] == "/ui/projects/p1"
+    resp = await served.sign_in(next_page=f"/ui/projects/{served.p1}")
+    assert resp.status == 303 and resp.headers["Location"] == f"/ui/projects/{served.p1}"
     cookie = resp.headers["Set-Cookie"]
     assert cookie.startswith(f"{COOKIE}=") and COOKIE.startswith("__Host-")
     for flag in ("HttpOnly", "Secure", "SameSite=Strict", "Path=/;"):
         assert flag in cookie + ";", cookie
     assert "expires" not in cookie.lower() and "max-age" not in cookie.lower()  # gone with the browser session
-    assert ROOT_TOKEN not in cookie
-    async with served.srv.session.get(served.url("/ui/projects/p1")) as page:
+    assert served.root_token not in cookie
+    async with served.srv.session.get(served.url(f"/ui/projects/{served.p1}")) as page:
         assert page.status == 200 and "Project <span" in await page.text()
         assert "default-src 'none'" in page.headers["Content-Security-Policy"]
         assert page.headers["Cache-Control"] == "private, no-store"
@@ -135,7 +175,8 @@ async def test_a_bad_token_is_not_signed_in(served: Served) -> None:
     assert resp.status == 401 and "Set-Cookie" not in resp.headers
     resp = await served.sign_in("x" * 20_000)  # longer than any token Kubernetes issues: not even reviewed
     assert resp.status == 400 and "Set-Cookie" not in resp.headers
-    assert served.env.kube.calls("POST", "/apis/authentication.k8s.io/v1/tokenreviews")  # asked once, for "stolen"
+    # Asked once, for "stolen" (and not for the token too long to be one).
+    assert len(served.proxy.calls(verb="create", resource="tokenreviews")) == 1
 
 
 @pytest.mark.parametrize("target", ["//evil.example/ui/", "https://evil.example/", "/ui/..\\evil", "/elsewhere"])
@@ -145,22 +186,23 @@ async def test_after_sign_in_the_browser_only_goes_back_into_the_console(served:
 
 
 async def test_a_page_without_a_session_asks_to_sign_in(served: Served) -> None:
-    async with served.srv.session.get(served.url("/ui/projects/p1?kind=job"), allow_redirects=False) as resp:
-        assert resp.status == 303 and resp.headers["Location"] == "/ui/signin?next=%2Fui%2Fprojects%2Fp1%3Fkind%3Djob"
+    async with served.srv.session.get(served.url(f"/ui/projects/{served.p1}?kind=job"), allow_redirects=False) as resp:
+        assert resp.status == 303
+        assert resp.headers["Location"] == f"/ui/signin?next=%2Fui%2Fprojects%2F{served.p1}%3Fkind%3Djob"
     # A cookie sealed with another key (another installation, a key rotated out) is no session.
     response = web.Response()
     other = Sessions.ephemeral()
     other.put(response, other.start(Principal("root", groups=("system:masters",))))
     value = response.cookies[COOKIE].value
     async with served.srv.session.get(
-        served.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={value}"}, allow_redirects=False
+        served.url(f"/ui/projects/{served.p1}"), headers={"Cookie": f"{COOKIE}={value}"}, allow_redirects=False
     ) as resp:
         assert resp.status == 303 and resp.headers["Location"].startswith("/ui/signin")
 
 
 async def test_actions_need_the_forms_secret_and_the_same_site(served: Served) -> None:
     await served.sign_in()
-    move = served.url("/ui/admin/projects/p1/move")
+    move = served.url(f"/ui/admin/projects/{served.p1}/move")
     async with served.srv.session.post(move, data={"department": "ml"}) as resp:
         assert resp.status == 403 and "did not come from this console" in await resp.text()
     csrf = await served.csrf()
@@ -172,30 +214,31 @@ async def test_actions_need_the_forms_secret_and_the_same_site(served: Served) -
         move, data={"department": "ml", "csrf": csrf}, headers={"Sec-Fetch-Site": "cross-site"}
     ) as resp:
         assert resp.status == 403
-    assert served.env.runai.requests == [] and DEPARTMENT_LABEL not in served.env.labels("p1")
+    assert served.env.runai.requests == [] and DEPARTMENT_LABEL not in await served.env.labels(served.p1)
     async with served.srv.session.post(
         move, data={"department": "ml", "csrf": csrf}, headers={"Origin": served.url("").rstrip("/")}
     ) as resp:
         body = await resp.text()
         assert resp.status == 200, body
-        assert "p1 moved" in body and "Re-add GPU quota and access rules" in body
-    assert served.env.labels("p1")[DEPARTMENT_LABEL] == "ml"
+        assert f"{served.p1} moved" in body and "Re-add GPU quota and access rules" in body
+    assert (await served.env.labels(served.p1))[DEPARTMENT_LABEL] == "ml"
 
 
 async def test_a_member_may_not_act(served: Served) -> None:
-    await served.sign_in(BOB_TOKEN)
+    await served.sign_in(served.bob_token)
     csrf = await served.csrf()
     async with served.srv.session.post(served.url("/ui/admin/departments/ml/delete"), data={"csrf": csrf}) as resp:
-        assert resp.status == 403 and "bob" in await resp.text()
+        assert resp.status == 403 and served.env.name("bob") in await resp.text()
     assert served.env.runai.requests == []
 
 
 async def test_every_value_is_escaped(served: Served) -> None:
     scheduler = {"available": {"affinity": [EVIL], "priorityClasses": ["batch"]}, "defaults": {"affinity": [EVIL]}}
-    served.env.state.apply(settings_configmap(scheduler=scheduler))
-    served.env.state.apply(namespace("p2", labels={DEPARTMENT_LABEL: "ml"}))
+    p2 = served.env.name("p2")
+    served.env.state.apply(settings_configmap(served.env.scope.install_ns, scheduler=scheduler))
+    served.env.state.apply(namespace(p2, labels={DEPARTMENT_LABEL: "ml"}))
     await served.sign_in()
-    async with served.srv.session.get(served.url("/ui/projects/p2")) as resp:
+    async with served.srv.session.get(served.url(f"/ui/projects/{p2}")) as resp:
         page = await resp.text()
     assert resp.status == 200
     assert "<script>alert" not in page
@@ -203,20 +246,20 @@ async def test_every_value_is_escaped(served: Served) -> None:
 
 
 async def test_the_project_page_shows_each_queue_as_the_scheduling_api_does(served: Served) -> None:
-    state = served.env.state
-    state.apply(settings_configmap(kueue_installed=True))
-    state.apply(namespace("p2", labels={DEPARTMENT_LABEL: "ml"}))
+    state, p2 = served.env.state, served.env.name("p2")
+    state.apply(settings_configmap(served.env.scope.install_ns, kueue_installed=True))
+    state.apply(namespace(p2, labels={DEPARTMENT_LABEL: "ml"}))
     for obj in [
         *kueue_setup(),
         cluster_queue("cq", cohort="research", usage={"default": {"cpu": "6", "nvidia.com/gpu": "2"}}, pending=4),
-        local_queue("p2", "default"),
-        local_queue("p2", "orphan", "nowhere"),
+        local_queue(p2, "default"),
+        local_queue(p2, "orphan", "nowhere"),
     ]:
         state.apply(obj)
-    offer = await project_offer(GpuViews(state, None), "p2", "notebook")
+    offer = await project_offer(GpuViews(state, None), p2, "notebook")
     assert offer.queue is not None and len(offer.queue.queues) == 2
     await served.sign_in()
-    async with served.srv.session.get(served.url("/ui/projects/p2")) as resp:
+    async with served.srv.session.get(served.url(f"/ui/projects/{p2}")) as resp:
         page = await resp.text()
     assert resp.status == 200
     for view in offer.queue.queues:
@@ -314,12 +357,14 @@ async def test_a_session_made_on_one_replica_is_good_on_the_other(
 
     first, second = await https_server(replica()), await https_server(replica())
     async with first.session.post(
-        first.url("/ui/signin"), data={"token": ROOT_TOKEN, "next": "/ui/projects/p1"}, allow_redirects=False
+        first.url("/ui/signin"),
+        data={"token": served.root_token, "next": f"/ui/projects/{served.p1}"},
+        allow_redirects=False,
     ) as resp:
         assert resp.status == 303
         cookie = resp.cookies[COOKIE].value
     async with second.session.get(
-        second.url("/ui/projects/p1"), headers={"Cookie": f"{COOKIE}={cookie}"}, allow_redirects=False
+        second.url(f"/ui/projects/{served.p1}"), headers={"Cookie": f"{COOKIE}={cookie}"}, allow_redirects=False
     ) as resp:
         assert resp.status == 200, resp.headers.get("Location")
     # Another installation's key opens nothing of it.
@@ -348,7 +393,7 @@ def test_every_status_gets_a_warning_that_says_what_to_do(warning: GpuWarning, t
 
 
 async def test_the_admin_page_warns_while_run_ais_admission_is_down(
-    tmp_path: Path, https_server: StartHttpsServer
+    tmp_path: Path, kube_scope: KubeScope, https_server: StartHttpsServer
 ) -> None:
     # The Deployments' watch (tests/test_runai_admission_health.py) feeds the same store.
     down = {
@@ -358,21 +403,12 @@ async def test_the_admin_page_warns_while_run_ais_admission_is_down(
         "spec": {"replicas": 0},
         "status": {"conditions": [{"type": "Available", "status": "False"}]},
     }
-    key_path = tmp_path / "session-keys"
-    key_path.write_text(format_keys([new_key(0)]))
-    keys = KeyFile(key_path)
-    keys.reload_now()
-    async with environment(tmp_path) as env:
-        with_users(env)
-        signouts = Signouts(env.kapi)
-        async with signouts_watcher(signouts, env.api, "hopsworks"):
-            directory = RunaiSnapshotDirectory(EXAMPLES)  # Run:ai data from the example folder
-            srv = await https_server(cluster_console(env, Sessions(keys.ring), signouts, directory=directory))
-            served = Served(env, srv, keys)
-            env.state.replace_all("Deployment", [down])
-            await served.sign_in()
-            async with srv.session.get(served.url("/ui/admin/")) as page:
-                text = await page.text()
+    directory = RunaiSnapshotDirectory(EXAMPLES)  # Run:ai data from the example folder
+    async with serving(tmp_path, kube_scope, https_server, directory=directory) as served:
+        served.env.state.replace_all("Deployment", [down])
+        await served.sign_in()
+        async with served.srv.session.get(served.url("/ui/admin/")) as page:
+            text = await page.text()
     assert page.status == 200, text
     assert 'data-status="RUN_AI_ADMISSION_DOWN"' in text and "admission is down" in text
     assert "runai-admission-controller" in text and "admission has 0 of 0 replicas available" in text

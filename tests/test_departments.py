@@ -13,20 +13,16 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
 
 from tests.support.cluster import namespace as namespace_obj
-from tests.support.cluster import settings_configmap
 from tests.support.control_plane.fault_proxy import FaultProxy
+from tests.support.departments import Env, environment
 from tests.support.kube_scope import SERVICE_ACCOUNT, KubeScope
-from tests.support.runai_standin import RunaiStandin
-from webhook.kube.api import KubeApi
-from webhook.runai import ClientOptions, RunaiClient, SecretFile
+from webhook.runai import RunaiClient
 from webhook.runai.departments import (
     MOVE_ANNOTATION,
     DepartmentMover,
@@ -38,123 +34,10 @@ from webhook.runai.departments import (
     UnknownNamespace,
 )
 from webhook.snapshot import DEPARTMENT_LABEL, RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL, NamespaceInfo
-from webhook.state.store import ClusterState
-
-SECRET = "standin-client-secret"
-FAST = ClientOptions(timeout_s=1.0, connect_timeout_s=0.5, retries=1, backoff_s=0.01, backoff_max_s=0.05, deadline_s=4)
 
 
 class Crash(Exception):
     """Stands for the process dying at a checkpoint of the move."""
-
-
-@dataclass
-class Env:
-    scope: KubeScope
-    runai: RunaiStandin
-    api: ApiClient  # the webhook's ServiceAccount
-    kapi: KubeApi
-    client: RunaiClient
-    state: ClusterState
-
-    def name(self, prefix: str) -> str:
-        """The test's own namespace name for `prefix` (the Run:ai project takes the same name)."""
-        return self.scope.name(prefix)
-
-    def mover(self, **kwargs: Any) -> DepartmentMover:
-        kwargs.setdefault("instance", "replica-1")
-        kwargs.setdefault("delete_wait_s", 3.0)
-        return DepartmentMover(self.kapi, self.client, self.state, **kwargs)
-
-    async def project_ns(
-        self,
-        name: str,
-        *,
-        department: str | None = None,
-        runai_department: str = "default",
-        bound: bool = True,
-        created_here: bool = True,
-        gpu_quota: float = 2,
-    ) -> dict[str, Any] | None:
-        """A project namespace and (when bound) its Run:ai project."""
-        labels: dict[str, str] = {}
-        if department:
-            labels[DEPARTMENT_LABEL] = department
-        project = None
-        if bound:
-            project = self.runai.add_project(name, department=runai_department, namespace=name, gpu_quota=gpu_quota)
-            labels[RUNAI_QUEUE_LABEL] = name
-            if created_here:
-                labels[RUNAI_PROJECT_ID_LABEL] = project["id"]
-        await self.scope.create(namespace_obj(name, labels=labels))
-        return project
-
-    def pod(self, namespace: str, name: str, phase: str) -> None:
-        # The mover reads pods from the watch-fed cache, as admission does.
-        self.state.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}"},
-                "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-                "status": {"phase": phase},
-            }
-        )
-
-    async def ns(self, name: str) -> dict[str, Any]:
-        obj = await self.scope.get("v1", "Namespace", name)
-        assert obj is not None
-        return obj
-
-    async def labels(self, name: str) -> dict[str, str]:
-        return dict((await self.ns(name))["metadata"].get("labels") or {})
-
-    async def intent(self, name: str) -> dict[str, Any] | None:
-        raw = ((await self.ns(name))["metadata"].get("annotations") or {}).get(MOVE_ANNOTATION)
-        return json.loads(raw) if raw else None
-
-    def runai_department_of(self, project: dict[str, Any]) -> str:
-        return str(self.runai.departments[project["parentId"]]["name"])
-
-    def runai_writes(self) -> list[tuple[str, str]]:
-        return [
-            (r.method, r.path) for r in self.runai.requests if r.method in ("POST", "DELETE") and "org-unit" in r.path
-        ]
-
-    async def events(self, reason: str) -> list[dict[str, Any]]:
-        """Events of `reason` about this test's namespaces."""
-        names = {self.name(p) for p in NAMESPACE_PREFIXES}
-        return [
-            e
-            for e in await self.scope.list("v1", "Event", "default")
-            if e.get("reason") == reason and e["involvedObject"].get("name") in names
-        ]
-
-
-# Every namespace a test here makes is `env.name(prefix)` of one of these.
-NAMESPACE_PREFIXES = ("p1", "a1", "b2", "c3", "other")
-
-
-@contextlib.asynccontextmanager
-async def environment(tmp_path: Path, scope: KubeScope, api: ApiClient | None = None) -> AsyncIterator[Env]:
-    """The stand-in (departments default, ml, research) and clients of it and of the scope's
-    cluster (`api`: another way to the apiserver, e.g. through a fault proxy)."""
-    secret_dir = tmp_path / "runai-secret"
-    secret_dir.mkdir()
-    (secret_dir / "clientSecret").write_text(SECRET)
-    async with RunaiStandin(client_secret=SECRET) as runai:
-        runai.add_department("ml")
-        runai.add_department("research")
-        api = api or await scope.webhook_api_client()
-        client = RunaiClient(runai.url, runai.client_id, SecretFile(secret_dir, "clientSecret"), options=FAST)
-        state = ClusterState(scope.install_ns)
-        state.apply(settings_configmap(scope.install_ns, run_ai_enable=True))
-        try:
-            yield Env(scope, runai, api, KubeApi(api, scope.install_ns), client, state)
-        finally:
-            await client.close()
-            await api.close()
-        assert not runai.violations, "\n\n".join(str(v) for v in runai.violations)
 
 
 @pytest.fixture

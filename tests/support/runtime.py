@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from tests.support.https import (
     LOOPBACK,
@@ -28,50 +27,27 @@ from tests.support.https import (
     make_cert_files,
     wait_until,
 )
-from tests.support.kube_emulator import KubeEmulator
 from tests.support.kube_scope import KubeScope
 from webhook.core.scheduling import BINDING_SETTLE_S
 from webhook.runtime import Runtime, ServeOptions
 from webhook.tls.issuing import CertKey
 
-TOKEN = "webhook-token"  # the emulator's token for the webhook's ServiceAccount
-
-
-def write_kubeconfig(path: Path, url: str, token: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emu", "cluster": {"server": url}}],
-                "users": [{"name": "webhook", "user": {"token": token}}],
-                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "webhook"}}],
-                "current-context": "emu",
-            }
-        )
-    )
-    return path
-
 
 async def start_runtime(
     tmp_path: Path,
-    cluster: KubeScope | KubeEmulator,
+    cluster: KubeScope,
     ca: CertKey | None = None,
     *,
     wait_ready_s: float | None = 10.0,
     **options: Any,
 ) -> tuple[Runtime, ServeOptions, CertFiles]:
-    """`serve` with no state folder. On a KubeScope it reads the real apiserver as the webhook's
-    ServiceAccount (the chart's RBAC) with the scope's install namespace; on the emulator, which
-    the modules that still inject faults through it use, with the emulator's token. `options` are
+    """`serve` with no state folder, reading the scope's real apiserver as the webhook's
+    ServiceAccount (the chart's RBAC) with the scope's install namespace. `options` are
     further ServeOptions (e.g. `runai_secret_dir`, or a `kubeconfig` that goes through a proxy).
     Replicas behind one Service share `ca`. The server listens before its caches have listed; this
     waits until they have (`wait_ready_s=None`: return as soon as it listens)."""
     certs = make_cert_files(tmp_path / "certs", ca=ca)  # makes tmp_path too
-    if isinstance(cluster, KubeScope):
-        where: dict[str, Any] = {"kubeconfig": cluster.kubeconfig, "namespace": cluster.install_ns}
-    else:
-        where = {"kubeconfig": write_kubeconfig(tmp_path / "kubeconfig", cluster.url, TOKEN), "namespace": "hopsworks"}
+    where: dict[str, Any] = {"kubeconfig": cluster.kubeconfig, "namespace": cluster.install_ns}
     serve = ServeOptions(
         host=LOOPBACK,
         port=free_port(),
