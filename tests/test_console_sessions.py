@@ -32,6 +32,7 @@ from aiohttp import web
 
 from tests.support.apps import cache_app
 from tests.support.control_plane.fault_proxy import FaultProxy
+from tests.support.departments import Env, environment
 from tests.support.https import (
     SERVICE_HOST,
     HttpsServer,
@@ -43,7 +44,6 @@ from tests.support.https import (
 )
 from tests.support.kube_scope import KubeScope, eventually
 from tests.support.runtime import base_url, start_runtime
-from tests.test_departments import Env, environment
 from webhook.console import Console, console_routes
 from webhook.console.keys import KeyFile, KeyRing, format_keys, new_key, parse_keys, rotated
 from webhook.console.keys_cli import console_keys_command
