@@ -23,7 +23,8 @@ for m in $(awk '$2 == "v0.0.0" { print $1 }' "$gomod"); do go mod edit "-replace
 etcd=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2 }' "$gomod")
 rm -f go.sum
 go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$version" "k8s.io/kubernetes/cmd/kube-controller-manager@$version" \
-  "k8s.io/kubernetes/cmd/kube-scheduler@$version" "k8s.io/kubernetes/cmd/kubectl@$version" "go.etcd.io/etcd/server/v3@$etcd"
+  "k8s.io/kubernetes/cmd/kube-scheduler@$version" "k8s.io/kubernetes/cmd/kubectl@$version" \
+  "k8s.io/kubernetes/cmd/kubelet@$version" "k8s.io/kubernetes/cmd/kube-proxy@$version" "go.etcd.io/etcd/server/v3@$etcd"
 go mod edit -fmt
 sed -i "s/gitVersion=v[0-9.]*/gitVersion=$version/g; s/gitMinor=[0-9]*/gitMinor=$(echo "$version" | cut -d. -f2)/g" ldflags
 echo "pinned k8s.io/kubernetes $version (staging $staging, etcd $etcd)"
