@@ -16,6 +16,10 @@
 # built inside the extracted tree, with its own go.mod; `files` then names paths in that tree
 # (module `.`).
 #
+# A module may also be a program of ours (its own .go files beside go.mod: the nodes' pause), or
+# name in `debian` the Debian packages it stands for (name, then the command that shows it is
+# there): installed with apt-get when missing, as the image build installs buildah (runc).
+#
 # Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
 # unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
 # binaries are all there is not built again: a second run builds nothing and calls no go command.
@@ -74,8 +78,25 @@ source_tree() {
   printf '%s' "$dest/$top"
 }
 
+install_debian() {
+  local module=$1 dir=$PEERS_HACK/$1 missing=()
+  while read -r package command _; do
+    [[ -z ${package:-} || $package == \#* ]] && continue
+    command -v "$command" >/dev/null || missing+=("$package")
+  done < "$dir/debian"
+  if [ ${#missing[@]} -eq 0 ]; then say "$module: installed"; return; fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "$module: installing ${missing[*]} from Debian"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    die "$module: needs ${missing[*]} (Debian: apt-get install ${missing[*]})"
+  fi
+}
+
 build_module() {
   local module=$1 dir=$PEERS_HACK/$1 tree=""
+  if [ -f "$dir/debian" ]; then install_debian "$module"; return; fi
   if [ -f "$dir/source" ]; then
     tree=$(source_tree "$module")
   else
@@ -92,7 +113,7 @@ build_module() {
   local ldflags=""
   [ -f "$dir/ldflags" ] && ldflags=$(grep -v '^#' "$dir/ldflags" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/source" 2>/dev/null || true; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$dir/go.mod" "$dir/go.sum" "$dir/source" "$dir"/*.go 2>/dev/null || true; cat "$dir/binaries" "$dir/files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
   for name in "${names[@]}"; do [ -x "$PEERS_DIR/bin/$name" ] || missing=1; done
   if [ -f "$dir/files" ]; then
@@ -123,6 +144,7 @@ build_module() {
     set -e
     [ "$rc" -eq 0 ] || die "$module: go build failed (exit $rc); its output is above"
     for i in "${!names[@]}"; do
+      mkdir -p "$(dirname "$PEERS_DIR/bin/${names[$i]}")"  # a name may hold a folder (cni/bridge)
       mv -f "$out/$(default_name "${pkgs[$i]}")" "$PEERS_DIR/bin/${names[$i]}"
     done
     rm -rf "$out"
@@ -152,7 +174,7 @@ copy_files() {
 
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
-  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/source; do
+  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/source "$PEERS_HACK"/*/debian; do
     [ -f "$f" ] && modules+=("$(basename "$(dirname "$f")")")
   done
 fi
