@@ -10,6 +10,10 @@ listen on. The apiserver resolves a webhook's `clientConfig.service` to `<Cluste
 it does in any cluster) and verifies the certificate for `<service>.<namespace>.svc`; the test
 serves on that ClusterIP, playing kube-proxy's part. The install's Service stays as rendered and
 each control plane gets its own /24, so parallel runs never collide (docs/admission-chain.md).
+
+With real nodes (`real_nodes`, nodes.py) the pods run in a network namespace of the run, and the
+Service CIDR is in that namespace instead: the apiserver's egress selector sends its traffic to the
+cluster there, and kube-proxy serves the ClusterIPs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import yaml
 
 from tests.support import peers
+from tests.support.control_plane import nodes as real_nodes_
 from tests.support.control_plane.audit import AuditLog, write_policy
 from tests.support.control_plane.pki import ClientCert, Pki, WebhookClient, client_cert, make_pki, webhook_client
 from tests.support.control_plane.pod_runner import kwok_stages
@@ -147,6 +152,7 @@ class ControlPlane:
     # The client certificate the apiserver presents to every webhook that asks for one
     # (`write_admission_config`), and its CA: what an install's `admission.clientCA` names.
     webhook_client: WebhookClient | None = None
+    real: real_nodes_.RealNodes | None = None  # the real nodes, when asked for
 
     def kubectl(
         self,
@@ -188,6 +194,9 @@ class ControlPlane:
         return str(self.get_json("service", name, "-n", namespace)["spec"]["clusterIP"])
 
     def stop(self) -> None:
+        if self.real is not None:
+            self.real.stop()
+            self.real = None
         for proc in reversed(list(self.processes.values())):
             proc.stop()
         self.processes.clear()
@@ -209,10 +218,14 @@ def _http_ok(url: str) -> bool:
 
 
 def start_control_plane(
-    dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    real_nodes: Sequence[real_nodes_.RealNode] = (),
 ) -> ControlPlane:
     """Start everything and wait until it serves; on any failure stop what started and raise.
-    The requests of `audited_users` go to the audit log (`cp.audit`)."""
+    The requests of `audited_users` go to the audit log (`cp.audit`). `real_nodes` join beside
+    the kwok nodes (nodes.py)."""
     binaries = {name: peers.binary(name) for name in
                 ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
     stages = peers.share("kwok/stage")
@@ -220,11 +233,11 @@ def start_control_plane(
     (dir / "home").mkdir(exist_ok=True)
     logs = dir / "logs"
     logs.mkdir(exist_ok=True)
-    cidr = _random_service_cidr()
+    cidr = real_nodes_.SERVICE_CIDR if real_nodes else _random_service_cidr()
     first_service_ip = str(next(cidr.hosts()))
     pki = make_pki(
         dir / "pki",
-        ips=[LOOPBACK, first_service_ip],
+        ips=[LOOPBACK, first_service_ip, *([real_nodes_.APISERVER_IP] if real_nodes else [])],
         dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                    "kubernetes.default.svc.cluster.local"],
     )  # fmt: skip
@@ -247,6 +260,15 @@ def start_control_plane(
     cp = ControlPlane(dir, url, cidr, pki, admin_kubeconfig, binaries["kubectl"], tuple(nodes), audit)
     cp.webhook_client = webhooks
     t0 = time.monotonic()
+    real_args: list[str] = []
+    if real_nodes:
+        cp.real = real_nodes_.prepare(dir / "real-nodes", port)
+        kubelet_client = client_cert(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                     ("system:masters",))  # fmt: skip
+        egress = real_nodes_.write_egress_config(dir / "egress-selector.yaml", cp.real.relays.egress_socket)
+        real_args = [f"--advertise-address={real_nodes_.APISERVER_IP}", f"--egress-selector-config-file={egress}",
+                     f"--kubelet-client-certificate={kubelet_client.cert_file}",
+                     f"--kubelet-client-key={kubelet_client.key_file}"]  # fmt: skip
 
     def started(name: str, proc: Process) -> Process:
         cp.processes[name] = proc
@@ -281,6 +303,7 @@ def start_control_plane(
             "--profiling=false",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit.path}",
             f"--admission-control-config-file={admission_config}",
+            *real_args,
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
@@ -319,6 +342,9 @@ def start_control_plane(
         _create_nodes(cp)
         _wait(cp, lambda: _nodes_ready(cp), within=60, what="fake nodes Ready")
         _wait(cp, lambda: _default_service_account(cp), within=60, what="the default ServiceAccount")
+        if cp.real is not None:
+            real_nodes_.start_nodes(cp.real, dir / "real-nodes", pki, port, cp.kubectl, real_nodes)
+            cp.timings.update({f"node {name}": s for name, s in cp.real.timings.items()})
         cp.timings["total"] = time.monotonic() - t0
     except BaseException:
         cp.stop()
@@ -370,8 +396,13 @@ def _default_service_account(cp: ControlPlane) -> bool:
 
 
 @contextlib.contextmanager
-def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()) -> Any:
-    cp = start_control_plane(dir, nodes, audited_users)
+def control_plane(
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    real_nodes: Sequence[real_nodes_.RealNode] = (),
+) -> Any:
+    cp = start_control_plane(dir, nodes, audited_users, real_nodes)
     try:
         yield cp
     finally:
