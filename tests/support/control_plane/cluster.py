@@ -268,7 +268,9 @@ def start_control_plane(
         egress = real_nodes_.write_egress_config(dir / "egress-selector.yaml", cp.real.relays.egress_socket)
         real_args = [f"--advertise-address={real_nodes_.APISERVER_IP}", f"--egress-selector-config-file={egress}",
                      f"--kubelet-client-certificate={kubelet_client.cert_file}",
-                     f"--kubelet-client-key={kubelet_client.key_file}"]  # fmt: skip
+                     f"--kubelet-client-key={kubelet_client.key_file}",
+                     # A node's name resolves nowhere: the apiserver dials its InternalIP.
+                     "--kubelet-preferred-address-types=InternalIP"]  # fmt: skip
 
     def started(name: str, proc: Process) -> Process:
         cp.processes[name] = proc

@@ -347,7 +347,12 @@ def _cgroup_controllers() -> list[Path]:
 
 def _make_cgroups(root: str) -> None:
     for controller in _cgroup_controllers():
-        (controller / root.strip("/")).mkdir(exist_ok=True)
+        top = controller / root.strip("/")
+        top.mkdir(exist_ok=True)
+        # cgroup v1 starts a cpuset with no CPU and no memory node, where no process may join.
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (top / name).exists() and not (top / name).read_text().strip():
+                (top / name).write_text((controller / name).read_text())
 
 
 def _remove_cgroups(root: str) -> None:
@@ -382,6 +387,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [plugins.'io.containerd.cri.v1.runtime']
   enable_selinux = false
+  # This machine's root may not lower an OOM score (no CAP_SYS_RESOURCE), and the kubelet asks
+  # -998 for every sandbox: containerd keeps each score at or above its own.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{cni_bin}"]
     conf_dir = "{n.dir / "cni"}"
@@ -429,6 +437,7 @@ def _kubelet_config(n: NodeProcesses, ca_file: Path) -> dict[str, Any]:
                            "x509": {"clientCAFile": str(ca_file)}},
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{n.socket}",
+        "podLogsDir": str(n.dir / "pod-logs"),
         # No DNS in the namespace: pods get an empty resolv.conf rather than the machine's resolvers.
         "resolvConf": str(n.dir / "resolv.conf"),
         # The machine's disk is shared: a nearly full disk must not evict the install's pods.
