@@ -84,7 +84,7 @@ install_debian() {
     [[ -z ${package:-} || $package == \#* ]] && continue
     command -v "$command" >/dev/null || missing+=("$package")
   done < "$dir/debian"
-  if [ ${#missing[@]} -eq 0 ]; then say "$module: installed"; return; fi
+  if [ ${#missing[@]} -eq 0 ]; then say "$module: up to date (Debian's)"; return; fi
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     say "$module: installing ${missing[*]} from Debian"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
