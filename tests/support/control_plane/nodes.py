@@ -54,6 +54,8 @@ NETWORK = ipaddress.IPv4Network("10.200.0.0/16")
 APISERVER_IP = "10.200.0.1"
 SERVICE_CIDR = ipaddress.IPv4Network("10.201.0.0/24")
 REAL_NODE_LABEL = "scheduling-webhook.test/real-node"
+# Only what tolerates it runs there: the tests' other pods name images that exist nowhere.
+REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 PAUSE_IMAGE = "localhost/pause:test"
 RUNC = "/usr/sbin/runc"
 
@@ -355,7 +357,19 @@ def _make_cgroups(root: str) -> None:
                 (top / name).write_text((controller / name).read_text())
 
 
+def _kill_cgroup(root: str) -> None:
+    """Every process left in a node's cgroup tree (a container whose shim is gone is reparented)."""
+    for controller in _cgroup_controllers():
+        top = controller / root.strip("/")
+        for procs in top.rglob("cgroup.procs") if top.exists() else ():
+            for pid in procs.read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
 def _remove_cgroups(root: str) -> None:
+    _kill_cgroup(root)
+    time.sleep(0.2)
     for controller in _cgroup_controllers():
         top = controller / root.strip("/")
         if top.exists():
@@ -387,6 +401,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [plugins.'io.containerd.cri.v1.runtime']
   enable_selinux = false
+  # The pods' network namespaces under this node's state folder, not /run/netns of the machine.
+  netns_mounts_under_state_dir = true
   # This machine's root may not lower an OOM score (no CAP_SYS_RESOURCE), and the kubelet asks
   # -998 for every sandbox: containerd keeps each score at or above its own.
   restrict_oom_score_adj = true
@@ -471,6 +487,9 @@ def prepare(dir: Path, apiserver_port: int) -> RealNodes:
     ns = NetNs(f"sw-{token}")
     try:
         ns.ip("addr", "add", f"{APISERVER_IP}/32", "dev", "lo")
+        # A route for the Service CIDR, or a connection from the namespace itself (the apiserver's
+        # egress) fails before kube-proxy's DNAT sees it; the source is an address pods answer.
+        ns.ip("route", "add", str(SERVICE_CIDR), "dev", "lo", "src", APISERVER_IP)
         relays = Relays(ns, apiserver_port, run_dir / "egress.sock").start()
     except BaseException:
         ns.delete()
@@ -530,6 +549,7 @@ def start_nodes(
             str(binaries["kubelet"]), f"--config={kconfig}", f"--kubeconfig={kubeconfig(f'kubelet-{node.name}', cert)}",
             f"--root-dir={ndir / 'kubelet'}", f"--cert-dir={ndir / 'kubelet-pki'}",
             f"--hostname-override={node.name}", f"--node-ip={node.ip}", f"--node-labels={labels}",
+            f"--register-with-taints={REAL_NODE_TAINT['key']}={REAL_NODE_TAINT['value']}:{REAL_NODE_TAINT['effect']}",
             "--v=1",
         ]), logs, path_env).start()  # fmt: skip
         real.timings[f"{node.name} start"] = t0

@@ -1,0 +1,240 @@
+"""The install on real nodes: its two pods run from the image `make image` built, by a real kubelet
+and containerd (tests/support/control_plane/nodes.py), and admission goes through them.
+
+A control plane of its own for this module, with two real nodes beside the kwok nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import apply_priority_classes
+from tests.support.cluster import SCHEDULER
+from tests.support.control_plane.cluster import ControlPlane, control_plane
+from tests.support.control_plane.install import (
+    INSTALL_NS,
+    RUNAI_CLIENT_SECRET,
+    RUNAI_SECRET_NAME,
+    SERVICE,
+    SETTINGS,
+    helm_install,
+    secret,
+)
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_LABEL, REAL_NODE_TAINT, image_archive
+
+pytestmark = pytest.mark.slow
+
+Obj = dict[str, Any]
+UID = 10001
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[ControlPlane]:
+    dir = Path(tempfile.mkdtemp(prefix="swh-real-nodes-"))
+    try:
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as plane:
+            print("control plane with real nodes ready:", ", ".join(f"{k} {v:.1f} s" for k, v in plane.timings.items()))
+            apply_priority_classes(plane)
+            yield plane
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+def _pods(cp: ControlPlane) -> list[Obj]:
+    items = cp.get_json("pods", "-n", INSTALL_NS, "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def wait_for(predicate: Any, within: float, what: str, cp: ControlPlane) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {within:.0f} s\n{_diagnosis(cp)}")
+        time.sleep(0.5)
+
+
+def _diagnosis(cp: ControlPlane) -> str:
+    """The replicas' own logs (through the apiserver and the kubelet), then the nodes'."""
+    out = []
+    for pod in _pods(cp):
+        for previous in ("--previous", ""):
+            logs = cp.kubectl("logs", "-n", INSTALL_NS, pod["metadata"]["name"], "--tail=20",
+                              *([previous] if previous else []), check=False)  # fmt: skip
+            out.append(f"--- {pod['metadata']['name']} {previous}\n{logs.stdout}{logs.stderr}")
+    for proc in cp.real.processes() if cp.real else []:
+        out.append(f"--- {proc.name}\n{proc.tail(10)}")
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def install(cp: ControlPlane) -> Obj:
+    """The chart installed with the image's tag, pulled never (it is imported), and placed on the
+    real nodes by a nodeSelector on a label the kwok nodes lack and a toleration of their taint."""
+    _archive, tag = image_archive()
+    repository, version = tag.rsplit(":", 1)
+    assert cp.webhook_client is not None
+    values: Obj = {
+        "image": {"repository": repository, "tag": version, "pullPolicy": "Never"},
+        "admission": {"clientCA": cp.webhook_client.ca_pem.decode(), "clientNames": [cp.webhook_client.name]},
+    }
+    cp.kubectl("create", "namespace", INSTALL_NS)
+    cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
+    helm_install(cp, values)
+    # The chart has no scheduling values yet: the placement is patched onto its Deployment.
+    toleration = {**REAL_NODE_TAINT, "operator": "Equal"}
+    placement = {
+        "spec": {"template": {"spec": {"nodeSelector": {REAL_NODE_LABEL: "true"}, "tolerations": [toleration]}}}
+    }
+    cp.kubectl("patch", "deployment", SERVICE, "-n", INSTALL_NS, "--type=merge", "-p", json.dumps(placement))
+
+    def two_ready_on_real_nodes() -> bool:
+        pods = _pods(cp)
+        real = {n.name for n in DEFAULT_REAL_NODES}
+        return len(pods) == 2 and all(_ready(p) and p["spec"].get("nodeName") in real for p in pods)
+
+    wait_for(two_ready_on_real_nodes, 150, "two Ready replicas on the real nodes", cp)
+    return values
+
+
+def _container_pid(cp: ControlPlane, pod: Obj) -> int:
+    assert cp.real is not None
+    node = pod["spec"]["nodeName"]
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    for line in cp.real.ctr(node, "tasks", "list").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"no task {cid} on {node}")
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines)}
+
+
+def test_the_install_runs_from_the_image_as_the_chart_describes(cp: ControlPlane, install: Obj) -> None:
+    pods = _pods(cp)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(n.name for n in DEFAULT_REAL_NODES)
+    _archive, tag = image_archive()
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["restartCount"] == 0, status
+        assert status["image"].endswith(tag) or tag in status["image"], status
+        pid = _container_pid(cp, pod)
+        proc = _status(pid)
+        assert proc["Uid"].split()[:2] == [str(UID)] * 2 and proc["Gid"].split()[:2] == [str(UID)] * 2, proc
+        assert proc["CapEff"] == proc["CapPrm"] == proc["CapBnd"] == "0000000000000000", proc
+        assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+        root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                    if line.split()[4] == "/")  # fmt: skip
+        assert "ro" in root[5].split(","), root
+        # The pod's own address, in the namespace of the run: no address of the machine.
+        assert pod["status"]["podIP"].startswith("10.200."), pod["status"]
+    # Ready came from the kubelet's probes: the pods' conditions say so, and the Endpoints list them.
+    slices = cp.get_json("endpointslices", "-n", INSTALL_NS, "-l", f"kubernetes.io/service-name={SERVICE}")["items"]
+    ready = {e["addresses"][0] for s in slices for e in s.get("endpoints") or [] if e["conditions"].get("ready")}
+    assert ready == {p["status"]["podIP"] for p in pods}
+
+
+def test_admission_goes_through_the_pods_on_real_nodes(cp: ControlPlane, install: Obj) -> None:
+    cp.kubectl("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type=merge",
+               "-p", json.dumps({"data": {"scheduler": yaml.safe_dump(SCHEDULER)}}))  # fmt: skip
+    project = "real-nodes-project"
+    cp.kubectl("create", "namespace", project)
+    cp.kubectl("label", "namespace", project, f"hopsworks.ai/project={project}")
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "nb", "namespace": project, "labels": {"hopsworks.ai/workload-type": "notebook"}},
+           "spec": {"containers": [{"name": "main", "image": "registry.example/notebook:1.0"}]}}  # fmt: skip
+
+    def stored() -> bool:
+        return cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod), check=False).returncode == 0
+
+    wait_for(stored, 30, "the pod admitted (the replicas read the new settings)", cp)
+    got = cp.get_json("pod", "nb", "-n", project)
+    assert (got["spec"]["priorityClassName"], got["spec"]["priority"]) == ("normal", 10000)
+    urgent: Obj = json.loads(json.dumps(pod))
+    urgent["metadata"]["name"], urgent["spec"]["priorityClassName"] = "urgent", "urgent"
+    refused = cp.kubectl("apply", "-f", "-", check=False, input=yaml.safe_dump(urgent))
+    assert refused.returncode != 0 and "urgent not available in project" in refused.stderr, refused.stderr
+
+
+class CreationLoop:
+    """Pods created one after another in a project namespace, on a thread, until stopped: every
+    refusal kept with its message."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp, self.namespace = cp, namespace
+        self.created = 0
+        self.refused: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "loop-", "namespace": self.namespace,
+                            "labels": {"hopsworks.ai/workload-type": "notebook"}},
+               "spec": {"containers": [{"name": "main", "image": "registry.example/notebook:1.0"}]}}  # fmt: skip
+        text = yaml.safe_dump(pod)
+        while not self._stop.is_set():
+            result = self.cp.kubectl("create", "-f", "-", input=text, check=False)
+            if result.returncode == 0:
+                self.created += 1
+            else:
+                self.refused.append(result.stderr.strip())
+
+    def __enter__(self) -> CreationLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _project(cp: ControlPlane, name: str) -> str:
+    cp.kubectl("create", "namespace", name)
+    cp.kubectl("label", "namespace", name, f"hopsworks.ai/project={name}")
+    return name
+
+
+def test_a_killed_container_is_restarted_by_the_kubelet_while_the_other_replica_serves(
+    cp: ControlPlane, install: Obj
+) -> None:
+    project = _project(cp, "real-nodes-kill")
+    victim, other = _pods(cp)
+    pid = _container_pid(cp, victim)
+    with CreationLoop(cp, project) as loop:
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            pod = cp.get_json("pod", victim["metadata"]["name"], "-n", INSTALL_NS)
+            return pod["status"]["containerStatuses"][0]["restartCount"] == 1 and _ready(pod)
+
+        wait_for(restarted, 120, "the killed container restarted and Ready", cp)
+        time.sleep(2)
+    print(f"kill -9 of {victim['metadata']['name']}: {loop.created} pods created, {len(loop.refused)} refused")
+    assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
+    # The other replica was never touched.
+    assert (
+        cp.get_json("pod", other["metadata"]["name"], "-n", INSTALL_NS)["status"]["containerStatuses"][0][
+            "restartCount"
+        ]
+        == 0
+    )
