@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import hashlib
 import ipaddress
 import ssl
@@ -20,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
@@ -588,3 +589,30 @@ async def test_load_cert_chain_keeps_a_certificate_of_another_key_type(tmp_path:
         for server in (live_server, watched_server):
             server.close()
             await server.wait_closed()
+
+
+def test_a_leaf_names_its_ca_by_the_cas_own_key_identifier() -> None:
+    """A CA made elsewhere (Helm's genCA, Go 1.25+) may identify its key by a truncated SHA-256
+    rather than SHA-1: a leaf must name the identifier the CA carries, or OpenSSL finds no issuer."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    ski = hashlib.sha256(key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)).digest()[:20]  # fmt: skip
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "go-made CA")])
+    now = issuing.utc_now()
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier(ski), critical=False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    assert ski != x509.SubjectKeyIdentifier.from_public_key(key.public_key()).digest
+    leaf = issuing.make_serving_cert(issuing.CertKey(cert=ca_cert, key=key), "svc", "ns")
+    akid = leaf.cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert akid.key_identifier == ski
+    verifier = PolicyBuilder().store(Store([ca_cert])).time(now).build_server_verifier(x509.DNSName("svc.ns.svc"))
+    verifier.verify(leaf.cert, [])

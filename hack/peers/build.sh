@@ -22,6 +22,10 @@
 # from the module folder's own), and what it builds goes to $PEERS_DIR/MODULE/RELEASE/bin and share,
 # so that the releases live side by side: `KUBE_VERSION=v1.35.4 hack/peers/build.sh kube`.
 #
+# A module may also be a program of ours (its own .go files beside go.mod: the nodes' pause), or
+# name in `debian` the Debian packages it stands for (name, then the command that shows it is
+# there): installed with apt-get when missing, as the image build installs buildah (runc).
+#
 # Binaries go to $PEERS_DIR/bin (default .peers/bin, ignored by git). A module whose inputs are
 # unchanged since its last build (stamp: go.mod, go.sum, binaries, ldflags, Go version) and whose
 # binaries are all there is not built again: a second run builds nothing and calls no go command.
@@ -80,6 +84,22 @@ source_tree() {
   printf '%s' "$dest/$top"
 }
 
+install_debian() {
+  local module=$1 dir=$PEERS_HACK/$1 missing=()
+  while read -r package command _; do
+    [[ -z ${package:-} || $package == \#* ]] && continue
+    command -v "$command" >/dev/null || missing+=("$package")
+  done < "$dir/debian"
+  if [ ${#missing[@]} -eq 0 ]; then say "$module: up to date (Debian's)"; return; fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "$module: installing ${missing[*]} from Debian"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    die "$module: needs ${missing[*]} (Debian: apt-get install ${missing[*]})"
+  fi
+}
+
 # The release a module is built for ("" for a module built once): its variable in the environment,
 # else the default in `releases`.
 release_of() {
@@ -98,6 +118,7 @@ module_file() {
 
 build_module() {
   local module=$1 dir=$PEERS_HACK/$1 tree="" release label=$1
+  if [ -f "$dir/debian" ]; then install_debian "$module"; return; fi
   release=$(release_of "$module")
   local pins=$dir bin=$PEERS_DIR/bin share=$PEERS_DIR/share stampfile=$PEERS_DIR/stamps/$module
   if [ -n "$release" ]; then
@@ -125,7 +146,7 @@ build_module() {
   local ldflags=""
   [ -f "$ldflagsfile" ] && ldflags=$(grep -v '^#' "$ldflagsfile" | tr '\n' ' ')
   local stamp
-  stamp=$( { cat "$pins/go.mod" "$pins/go.sum" "$dir/source" 2>/dev/null || true; cat "$binaries" "$files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
+  stamp=$( { cat "$pins/go.mod" "$pins/go.sum" "$dir/source" "$dir"/*.go 2>/dev/null || true; cat "$binaries" "$files" 2>/dev/null || true; printf '%s\n%s\n' "$ldflags" "$GO_VERSION"; } | sha256sum | cut -d' ' -f1)
   local missing=0
   for name in "${names[@]}"; do [ -x "$bin/$name" ] || missing=1; done
   if [ -f "$files" ]; then
@@ -156,6 +177,7 @@ build_module() {
     set -e
     [ "$rc" -eq 0 ] || die "$label: go build failed (exit $rc); its output is above"
     for i in "${!names[@]}"; do
+      mkdir -p "$(dirname "$bin/${names[$i]}")"  # a name may hold a folder (cni/bridge)
       mv -f "$out/$(default_name "${pkgs[$i]}")" "$bin/${names[$i]}"
     done
     rm -rf "$out"
@@ -185,7 +207,7 @@ copy_files() {
 
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
-  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/v*/go.mod "$PEERS_HACK"/*/source; do
+  for f in "$PEERS_HACK"/*/go.mod "$PEERS_HACK"/*/v*/go.mod "$PEERS_HACK"/*/source "$PEERS_HACK"/*/debian; do
     [ -f "$f" ] || continue
     m=${f#"$PEERS_HACK"/}; m=${m%%/*}
     [[ " ${modules[*]} " == *" $m "* ]] || modules+=("$m")

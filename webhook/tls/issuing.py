@@ -113,12 +113,21 @@ def _issue(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
     )
     if issuer is not None:
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
-        )
+        builder = builder.add_extension(_authority_key_identifier(issuer), critical=False)
     for ext, critical in extensions:
         builder = builder.add_extension(ext, critical=critical)
     return builder.sign(signing_key, hashes.SHA256())
+
+
+def _authority_key_identifier(issuer: CertKey) -> x509.AuthorityKeyIdentifier:
+    """The identifier the CA itself carries: a CA made elsewhere (Helm's genCA, built with Go 1.25 or
+    newer, hashes its key with truncated SHA-256) may not use the SHA-1 one cryptography derives,
+    and a verifier that matches identifiers would then find no issuer."""
+    try:
+        ski = issuer.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key())
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
 
 
 def _key_usage(*, digital_signature: bool = False, cert_sign: bool = False) -> x509.KeyUsage:

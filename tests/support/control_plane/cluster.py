@@ -10,6 +10,10 @@ listen on. The apiserver resolves a webhook's `clientConfig.service` to `<Cluste
 it does in any cluster) and verifies the certificate for `<service>.<namespace>.svc`; the test
 serves on that ClusterIP, playing kube-proxy's part. The install's Service stays as rendered and
 each control plane gets its own /24, so parallel runs never collide (docs/admission-chain.md).
+
+With real nodes (`real_nodes`, nodes.py) the pods run in a network namespace of the run, and the
+Service CIDR is in that namespace instead: the apiserver's egress selector sends its traffic to the
+cluster there, and kube-proxy serves the ClusterIPs.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import yaml
 
 from tests.support import peers
+from tests.support.control_plane import nodes as real_nodes_
 from tests.support.control_plane.audit import AuditLog, write_policy
 from tests.support.control_plane.pki import (
     ClientCert,
@@ -159,6 +164,7 @@ class ControlPlane:
     # What the aggregation layer presents to an APIService's server, and the CA the apiserver
     # publishes for it in kube-system/extension-apiserver-authentication.
     front_proxy: FrontProxy | None = None
+    real: real_nodes_.RealNodes | None = None  # the real nodes, when asked for
 
     def kubectl(
         self,
@@ -200,6 +206,9 @@ class ControlPlane:
         return str(self.get_json("service", name, "-n", namespace)["spec"]["clusterIP"])
 
     def stop(self) -> None:
+        if self.real is not None:
+            self.real.stop()
+            self.real = None
         for proc in reversed(list(self.processes.values())):
             proc.stop()
         self.processes.clear()
@@ -238,10 +247,12 @@ def start_control_plane(
     nodes: Sequence[FakeNode] = DEFAULT_NODES,
     audited_users: Sequence[str] = (),
     apiserver_args: Sequence[str] = (),
+    real_nodes: Sequence[real_nodes_.RealNode] = (),
 ) -> ControlPlane:
     """Start everything and wait until it serves; on any failure stop what started and raise.
     The requests of `audited_users` go to the audit log (`cp.audit`); `apiserver_args` are added
-    to the apiserver's (ADMISSION_POLICY_BETA_ARGS, for example)."""
+    to the apiserver's (ADMISSION_POLICY_BETA_ARGS, for example). `real_nodes` join beside the
+    kwok nodes (nodes.py)."""
     binaries = {name: peers.binary(name) for name in
                 ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
     stages = peers.share("kwok/stage")
@@ -249,11 +260,11 @@ def start_control_plane(
     (dir / "home").mkdir(exist_ok=True)
     logs = dir / "logs"
     logs.mkdir(exist_ok=True)
-    cidr = _random_service_cidr()
+    cidr = real_nodes_.SERVICE_CIDR if real_nodes else _random_service_cidr()
     first_service_ip = str(next(cidr.hosts()))
     pki = make_pki(
         dir / "pki",
-        ips=[LOOPBACK, first_service_ip],
+        ips=[LOOPBACK, first_service_ip, *([real_nodes_.APISERVER_IP] if real_nodes else [])],
         dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                    "kubernetes.default.svc.cluster.local"],
     )  # fmt: skip
@@ -278,6 +289,17 @@ def start_control_plane(
     proxy_client = front_proxy(dir / "pki")
     cp.front_proxy = proxy_client
     t0 = time.monotonic()
+    real_args: list[str] = []
+    if real_nodes:
+        cp.real = real_nodes_.prepare(dir / "real-nodes", port)
+        kubelet_client = client_cert(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                     ("system:masters",))  # fmt: skip
+        egress = real_nodes_.write_egress_config(dir / "egress-selector.yaml", cp.real.relays.egress_socket)
+        real_args = [f"--advertise-address={real_nodes_.APISERVER_IP}", f"--egress-selector-config-file={egress}",
+                     f"--kubelet-client-certificate={kubelet_client.cert_file}",
+                     f"--kubelet-client-key={kubelet_client.key_file}",
+                     # A node's name resolves nowhere: the apiserver dials its InternalIP.
+                     "--kubelet-preferred-address-types=InternalIP"]  # fmt: skip
 
     def started(name: str, proc: Process) -> Process:
         cp.processes[name] = proc
@@ -323,6 +345,7 @@ def start_control_plane(
             f"--proxy-client-cert-file={proxy_client.cert.cert_file}",
             f"--proxy-client-key-file={proxy_client.cert.key_file}",
             *apiserver_args,
+            *real_args,
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
@@ -361,6 +384,9 @@ def start_control_plane(
         _create_nodes(cp)
         _wait(cp, lambda: _nodes_ready(cp), within=60, what="fake nodes Ready")
         _wait(cp, lambda: _default_service_account(cp), within=60, what="the default ServiceAccount")
+        if cp.real is not None:
+            real_nodes_.start_nodes(cp.real, dir / "real-nodes", pki, port, cp.kubectl, real_nodes)
+            cp.timings.update({f"node {name}": s for name, s in cp.real.timings.items()})
         cp.timings["total"] = time.monotonic() - t0
     except BaseException:
         cp.stop()
@@ -417,8 +443,9 @@ def control_plane(
     nodes: Sequence[FakeNode] = DEFAULT_NODES,
     audited_users: Sequence[str] = (),
     apiserver_args: Sequence[str] = (),
+    real_nodes: Sequence[real_nodes_.RealNode] = (),
 ) -> Any:
-    cp = start_control_plane(dir, nodes, audited_users, apiserver_args)
+    cp = start_control_plane(dir, nodes, audited_users, apiserver_args, real_nodes)
     try:
         yield cp
     finally:

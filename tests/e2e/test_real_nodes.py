@@ -1,0 +1,352 @@
+"""The install on real nodes: its two pods run from the image `make image` built, by a real kubelet
+and containerd (tests/support/control_plane/nodes.py), and admission goes through them.
+
+A control plane of its own for this module, with two real nodes beside the kwok nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from tests.e2e.conftest import apply_priority_classes
+from tests.support import chart
+from tests.support.cluster import SCHEDULER
+from tests.support.control_plane.cluster import ControlPlane, control_plane
+from tests.support.control_plane.install import (
+    INSTALL_NS,
+    RUNAI_CLIENT_SECRET,
+    RUNAI_SECRET_NAME,
+    SERVICE,
+    SETTINGS,
+    TLS_SECRET,
+    helm,
+    helm_install,
+    secret,
+)
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_LABEL, REAL_NODE_TAINT, image_archive
+from webhook.tls.issuing import CertKey, make_serving_cert
+
+pytestmark = pytest.mark.slow
+
+Obj = dict[str, Any]
+UID = 10001
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[ControlPlane]:
+    dir = Path(tempfile.mkdtemp(prefix="swh-real-nodes-"))
+    try:
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as plane:
+            print("control plane with real nodes ready:", ", ".join(f"{k} {v:.1f} s" for k, v in plane.timings.items()))
+            apply_priority_classes(plane)
+            yield plane
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+def _pods(cp: ControlPlane) -> list[Obj]:
+    items = cp.get_json("pods", "-n", INSTALL_NS, "-l", "app.kubernetes.io/name=scheduling-webhook")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def wait_for(predicate: Any, within: float, what: str, cp: ControlPlane) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {within:.0f} s\n{_diagnosis(cp)}")
+        time.sleep(0.5)
+
+
+def _diagnosis(cp: ControlPlane) -> str:
+    """The replicas' own logs (through the apiserver and the kubelet), then the nodes'."""
+    out = []
+    for pod in _pods(cp):
+        for previous in ("--previous", ""):
+            logs = cp.kubectl("logs", "-n", INSTALL_NS, pod["metadata"]["name"], "--tail=20",
+                              *([previous] if previous else []), check=False)  # fmt: skip
+            out.append(f"--- {pod['metadata']['name']} {previous}\n{logs.stdout}{logs.stderr}")
+    for proc in cp.real.processes() if cp.real else []:
+        out.append(f"--- {proc.name}\n{proc.tail(10)}")
+    return "\n".join(out)
+
+
+def _wait_two_ready_on_real_nodes(cp: ControlPlane, within: float = 150) -> None:
+    real = {n.name for n in DEFAULT_REAL_NODES}
+
+    def two() -> bool:
+        pods = _pods(cp)
+        return len(pods) == 2 and all(_ready(p) and p["spec"].get("nodeName") in real for p in pods)
+
+    wait_for(two, within, "two Ready replicas on the real nodes", cp)
+
+
+@pytest.fixture(scope="module")
+def install(cp: ControlPlane) -> Obj:
+    """The chart installed with the image's tag, pulled never (it is imported), and placed on the
+    real nodes by a nodeSelector on a label the kwok nodes lack and a toleration of their taint."""
+    _archive, tag = image_archive()
+    repository, version = tag.rsplit(":", 1)
+    assert cp.webhook_client is not None
+    values: Obj = {
+        "image": {"repository": repository, "tag": version, "pullPolicy": "Never"},
+        "admission": {"clientCA": cp.webhook_client.ca_pem.decode(), "clientNames": [cp.webhook_client.name]},
+    }
+    cp.kubectl("create", "namespace", INSTALL_NS)
+    cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
+    helm_install(cp, values)
+    # The chart has no scheduling values yet: the placement is patched onto its Deployment.
+    toleration = {**REAL_NODE_TAINT, "operator": "Equal"}
+    placement = {
+        "spec": {"template": {"spec": {"nodeSelector": {REAL_NODE_LABEL: "true"}, "tolerations": [toleration]}}}
+    }
+    cp.kubectl("patch", "deployment", SERVICE, "-n", INSTALL_NS, "--type=merge", "-p", json.dumps(placement))
+
+    _wait_two_ready_on_real_nodes(cp)
+    return values
+
+
+def _container_pid(cp: ControlPlane, pod: Obj) -> int:
+    assert cp.real is not None
+    node = pod["spec"]["nodeName"]
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    for line in cp.real.ctr(node, "tasks", "list").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise AssertionError(f"no task {cid} on {node}")
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines)}
+
+
+def test_the_install_runs_from_the_image_as_the_chart_describes(cp: ControlPlane, install: Obj) -> None:
+    pods = _pods(cp)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(n.name for n in DEFAULT_REAL_NODES)
+    _archive, tag = image_archive()
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["restartCount"] == 0, status
+        assert status["image"].endswith(tag) or tag in status["image"], status
+        pid = _container_pid(cp, pod)
+        proc = _status(pid)
+        assert proc["Uid"].split()[:2] == [str(UID)] * 2 and proc["Gid"].split()[:2] == [str(UID)] * 2, proc
+        assert proc["CapEff"] == proc["CapPrm"] == proc["CapBnd"] == "0000000000000000", proc
+        assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2", proc
+        root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                    if line.split()[4] == "/")  # fmt: skip
+        assert "ro" in root[5].split(","), root
+        # The pod's own address, in the namespace of the run: no address of the machine.
+        assert pod["status"]["podIP"].startswith("10.200."), pod["status"]
+    # Ready came from the kubelet's probes: the pods' conditions say so, and the Endpoints list them.
+    slices = cp.get_json("endpointslices", "-n", INSTALL_NS, "-l", f"kubernetes.io/service-name={SERVICE}")["items"]
+    ready = {e["addresses"][0] for s in slices for e in s.get("endpoints") or [] if e["conditions"].get("ready")}
+    assert ready == {p["status"]["podIP"] for p in pods}
+
+
+def test_admission_goes_through_the_pods_on_real_nodes(cp: ControlPlane, install: Obj) -> None:
+    cp.kubectl("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type=merge",
+               "-p", json.dumps({"data": {"scheduler": yaml.safe_dump(SCHEDULER)}}))  # fmt: skip
+    project = "real-nodes-project"
+    cp.kubectl("create", "namespace", project)
+    cp.kubectl("label", "namespace", project, f"hopsworks.ai/project={project}")
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "nb", "namespace": project, "labels": {"hopsworks.ai/workload-type": "notebook"}},
+           "spec": {"containers": [{"name": "main", "image": "registry.example/notebook:1.0"}]}}  # fmt: skip
+
+    def stored() -> bool:
+        return cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod), check=False).returncode == 0
+
+    wait_for(stored, 30, "the pod admitted (the replicas read the new settings)", cp)
+    got = cp.get_json("pod", "nb", "-n", project)
+    assert (got["spec"]["priorityClassName"], got["spec"]["priority"]) == ("normal", 10000)
+    urgent: Obj = json.loads(json.dumps(pod))
+    urgent["metadata"]["name"], urgent["spec"]["priorityClassName"] = "urgent", "urgent"
+    refused = cp.kubectl("apply", "-f", "-", check=False, input=yaml.safe_dump(urgent))
+    assert refused.returncode != 0 and "urgent not available in project" in refused.stderr, refused.stderr
+
+
+class CreationLoop:
+    """Pods created one after another in a project namespace, on a thread, until stopped: every
+    refusal kept with its message."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp, self.namespace = cp, namespace
+        self.created = 0
+        self.successes: list[float] = []  # time.monotonic() of each creation
+        self.refused: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "loop-", "namespace": self.namespace,
+                            "labels": {"hopsworks.ai/workload-type": "notebook"}},
+               "spec": {"containers": [{"name": "main", "image": "registry.example/notebook:1.0"}]}}  # fmt: skip
+        text = yaml.safe_dump(pod)
+        while not self._stop.is_set():
+            result = self.cp.kubectl("create", "-f", "-", input=text, check=False)
+            if result.returncode == 0:
+                self.created += 1
+                self.successes.append(time.monotonic())
+            else:
+                self.refused.append(result.stderr.strip())
+
+    def __enter__(self) -> CreationLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _project(cp: ControlPlane, name: str) -> str:
+    cp.kubectl("create", "namespace", name)
+    cp.kubectl("label", "namespace", name, f"hopsworks.ai/project={name}")
+    return name
+
+
+def test_a_killed_container_is_restarted_by_the_kubelet_while_the_other_replica_serves(
+    cp: ControlPlane, install: Obj
+) -> None:
+    """The other replica admits pods while the killed one is down. What this cannot promise: until
+    the readiness probe fails (up to 2 x 5 s) the Service still sends new connections to the dead
+    replica's address, and the apiserver does not retry a refused connection, so a few creations
+    in that window may fail calling the webhook (never a denial); the test counts them."""
+    _wait_two_ready_on_real_nodes(cp)
+    project = _project(cp, "real-nodes-kill")
+    victim, other = _pods(cp)
+    name = victim["metadata"]["name"]
+    pid = _container_pid(cp, victim)
+
+    def pod() -> Obj:
+        return dict(cp.get_json("pod", name, "-n", INSTALL_NS))
+
+    with CreationLoop(cp, project) as loop:
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not _ready(pod()), 60, "the killed replica not Ready", cp)
+        down = time.monotonic()
+        wait_for(lambda: pod()["status"]["containerStatuses"][0]["restartCount"] == 1 and _ready(pod()), 120,
+                 "the killed container restarted by the kubelet and Ready", cp)  # fmt: skip
+        up = time.monotonic()
+        time.sleep(2)
+    served = [t for t in loop.successes if down <= t <= up]
+    print(f"kill -9 of {name}: {loop.created} pods created ({len(served)} while it was not Ready), "
+          f"{len(loop.refused)} failed calling the webhook")  # fmt: skip
+    assert served, "no pod was admitted while the killed replica was down"
+    assert all("failed calling webhook" in r and "denied" not in r for r in loop.refused), loop.refused[:3]
+    assert pod()["status"]["containerStatuses"][0]["restartCount"] == 1
+    assert (
+        cp.get_json("pod", other["metadata"]["name"], "-n", INSTALL_NS)["status"]["containerStatuses"][0][
+            "restartCount"
+        ]
+        == 0
+    )
+
+
+def test_a_drain_of_one_real_node_keeps_a_replica_and_refuses_no_pod(cp: ControlPlane, install: Obj) -> None:
+    _wait_two_ready_on_real_nodes(cp)
+    project = _project(cp, "real-nodes-drain")
+    node = DEFAULT_REAL_NODES[0].name
+    drained = next(p for p in _pods(cp) if p["spec"]["nodeName"] == node)
+    try:
+        with CreationLoop(cp, project) as loop:
+            time.sleep(2)
+            # The real eviction API against the chart's PodDisruptionBudget (minAvailable 1).
+            result = cp.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
+                                timeout=150)  # fmt: skip
+            assert f"pod/{drained['metadata']['name']} evicted" in result.stdout, result.stdout
+            remaining = [p for p in _pods(cp) if _ready(p)]
+            assert len(remaining) >= 1, "the budget let every replica go"
+            time.sleep(8)  # the drained replica's preStop (5 s) and shutdown, with reviews still coming
+        print(f"drain of {node}: {loop.created} pods created, {len(loop.refused)} refused")
+        assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
+    finally:
+        cp.kubectl("uncordon", node)
+    _wait_two_ready_on_real_nodes(cp)
+
+
+def test_a_rolling_helm_upgrade_and_a_rollback_refuse_no_pod(cp: ControlPlane, install: Obj) -> None:
+    _wait_two_ready_on_real_nodes(cp)
+    project = _project(cp, "real-nodes-upgrade")
+    before = {p["metadata"]["name"] for p in _pods(cp)}
+    with CreationLoop(cp, project) as loop:
+        time.sleep(2)
+        # A new pod template: the Deployment rolls both replicas (maxUnavailable 0, maxSurge 1).
+        helm_install(cp, {**install, "podAnnotations": {"test.scheduling-webhook/rolled": "1"}}, command="upgrade")
+        wait_for(lambda: not before & {p["metadata"]["name"] for p in _pods(cp)}, 240, "both replicas rolled", cp)
+        _wait_two_ready_on_real_nodes(cp, 240)
+        upgraded = {p["metadata"]["name"] for p in _pods(cp)}
+        helm(cp, "rollback", chart.RELEASE, "--namespace", INSTALL_NS)
+        wait_for(
+            lambda: not upgraded & {p["metadata"]["name"] for p in _pods(cp)}, 240, "both replicas rolled back", cp
+        )
+        _wait_two_ready_on_real_nodes(cp, 240)
+        time.sleep(2)
+    print(f"helm upgrade and rollback: {loop.created} pods created, {len(loop.refused)} refused")
+    assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
+
+
+def _served_serial(cp: ControlPlane, pod_ip: str, ca_pem: bytes) -> int:
+    """The serial of the certificate a replica's admission port presents, dialled from inside the
+    nodes' network namespace with the apiserver's webhook client certificate."""
+    assert cp.real is not None and cp.webhook_client is not None
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    ctx.check_hostname = False  # dialled by address; the chain is still verified
+    ctx.load_cert_chain(cp.webhook_client.cert.cert_file, cp.webhook_client.cert.key_file)
+    sock = cp.real.ns.socket()
+    sock.settimeout(5)
+    sock.connect((pod_ip, 9443))
+    with ctx.wrap_socket(sock) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def test_a_renewed_certificate_reaches_both_replicas_through_the_secret_volume(cp: ControlPlane, install: Obj) -> None:
+    """A cert-manager-style renewal: the TLS Secret rewritten with a new serving certificate from
+    the same CA. The kubelet swaps the Secret volume's files; both replicas serve the new one
+    without a restart, and no pod creation is refused meanwhile."""
+    _wait_two_ready_on_real_nodes(cp)
+    project = _project(cp, "real-nodes-renewal")
+    ca_secret = cp.get_json("secret", f"{TLS_SECRET}-ca", "-n", INSTALL_NS)["data"]
+    ca = CertKey.from_pem(base64.b64decode(ca_secret["tls.crt"]), base64.b64decode(ca_secret["tls.key"]))
+    renewed = make_serving_cert(ca, SERVICE, INSTALL_NS)
+    pods = _pods(cp)
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
+    ips = [p["status"]["podIP"] for p in pods]
+    assert all(_served_serial(cp, ip, ca.cert_pem) != renewed.cert.serial_number for ip in ips)
+    patch = {"data": {"tls.crt": base64.b64encode(renewed.cert_pem).decode(),
+                      "tls.key": base64.b64encode(renewed.key_pem).decode()}}  # fmt: skip
+    with CreationLoop(cp, project) as loop:
+        time.sleep(2)
+        cp.kubectl("patch", "secret", TLS_SECRET, "-n", INSTALL_NS, "--type=merge", "-p", json.dumps(patch))
+        wait_for(lambda: all(_served_serial(cp, ip, ca.cert_pem) == renewed.cert.serial_number for ip in ips), 120,
+                 "both replicas serving the renewed certificate", cp)  # fmt: skip
+        time.sleep(3)
+    print(f"certificate renewal: {loop.created} pods created, {len(loop.refused)} refused")
+    assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
+    after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in _pods(cp)}
+    assert after == restarts, "a replica was restarted or replaced"
