@@ -65,13 +65,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# The real peers first (built once, then cached: see `peers`); without Go they are not built and the
-# real-cluster tests skip naming `make peers`, except in CI (SCHEDULING_WEBHOOK_REQUIRE_PEERS=1).
+# The real peers first (built once, then cached: see `peers`) and the image (rebuilt when what it
+# copies changed: see `image`); without Go or root they are not built and the tests that need them
+# skip naming `make peers` or `make image`, except in CI (SCHEDULING_WEBHOOK_REQUIRE_PEERS=1).
 # Then the static checks (seconds): lint, types, the import-layer contracts. Then the suite;
 # pytest exits 5 when it collected nothing: that must fail, never pass silently.
 test: $(STAMP)
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh || { [ -z "$$SCHEDULING_WEBHOOK_REQUIRE_PEERS" ] && \
 	  echo "peers: not built; the tests that need the real control plane will skip (make peers)"; }
+	@PEERS_DIR=$(PEERS_DIR) hack/image/build.sh || { [ -z "$$SCHEDULING_WEBHOOK_REQUIRE_PEERS" ] && \
+	  echo "image: not built; the tests on real nodes will skip (make image)"; }
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache

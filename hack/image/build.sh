@@ -9,8 +9,11 @@
 #
 # Everything lands in $PEERS_DIR/image (default .peers/image, ignored by git): base-<stamp>.tar,
 # buildah's storage, and scheduling-webhook.oci.tar with the tag in scheduling-webhook.tag.
-# The base is rebuilt only when its recipe below changes; buildah's layer cache makes a second
-# image build reuse the dependency layers (only a code change rebuilds the project's wheel).
+# The base is rebuilt only when its recipe below changes. The image is rebuilt only when what the
+# Dockerfile copies changed (stamp: the Dockerfile, pyproject.toml, README.md, constraints.txt,
+# webhook/), and then without buildah's layer cache: buildah keys a `RUN --mount=...from=builder`
+# step by its text, not by the mounted content as BuildKit does, so a cached step would install the
+# previous wheel into the new image.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -86,14 +89,23 @@ fi
 # The Dockerfile unchanged but for its base. pip in the builder stage reaches the package index
 # through this machine's TLS trust: the host's CA bundle is bind-mounted for the RUN steps only,
 # so nothing of it becomes a layer.
+sources=$( { sha256sum Dockerfile pyproject.toml README.md constraints.txt
+             find webhook -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum; } |
+           sha256sum | cut -c1-16)
+if [ -f "$OUT/scheduling-webhook.oci.tar" ] && [ "$(cat "$OUT/image-stamp" 2>/dev/null)" = "$sources:$BASE_TAG:$stamp" ]; then
+  say "$TAG up to date ($OUT/scheduling-webhook.oci.tar)"
+  exit 0
+fi
 start=$SECONDS
 say "building $TAG from the Dockerfile"
-"${B[@]}" build --isolation chroot --layers \
+"${B[@]}" build --isolation chroot --no-cache \
   --build-arg "PYTHON_IMAGE=$BASE_TAG" --build-arg "VERSION=$VERSION" \
   -v /etc/ssl/certs:/etc/ssl/certs:ro \
   -t "$TAG" -f Dockerfile . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log" >&2; die "buildah build failed (log above)"; }
 rm -f "$OUT/scheduling-webhook.oci.tar"
 "${B[@]}" push -q "$TAG" "oci-archive:$OUT/scheduling-webhook.oci.tar:$TAG" >/dev/null
 printf '%s\n' "$TAG" >"$OUT/scheduling-webhook.tag"
+printf '%s\n' "$sources:$BASE_TAG:$stamp" >"$OUT/image-stamp"
+"${B[@]}" rmi --prune >/dev/null 2>&1 || true  # the images this build replaced
 size=$("${B[@]}" images --format '{{.Size}}' "$TAG")
 say "$TAG built in $((SECONDS - start)) s: $size, archive $(du -h "$OUT/scheduling-webhook.oci.tar" | cut -f1) at $OUT/scheduling-webhook.oci.tar"
