@@ -208,11 +208,22 @@ def _http_ok(url: str) -> bool:
         return bool(resp.status == 200)
 
 
+# What 1.35 needs to serve MutatingAdmissionPolicy (beta there, GA and on by default from 1.36).
+ADMISSION_POLICY_BETA_ARGS = (
+    "--feature-gates=MutatingAdmissionPolicy=true",
+    "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
+)
+
+
 def start_control_plane(
-    dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
 ) -> ControlPlane:
     """Start everything and wait until it serves; on any failure stop what started and raise.
-    The requests of `audited_users` go to the audit log (`cp.audit`)."""
+    The requests of `audited_users` go to the audit log (`cp.audit`); `apiserver_args` are added
+    to the apiserver's (ADMISSION_POLICY_BETA_ARGS, for example)."""
     binaries = {name: peers.binary(name) for name in
                 ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")}  # fmt: skip
     stages = peers.share("kwok/stage")
@@ -281,6 +292,7 @@ def start_control_plane(
             "--profiling=false",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={audit.path}",
             f"--admission-control-config-file={admission_config}",
+            *apiserver_args,
             "--v=1",
         ], logs))  # fmt: skip
         apiserver.wait_for(lambda: _https_ok(f"{url}/readyz", pki, (admin.cert_file, admin.key_file)),
@@ -370,8 +382,13 @@ def _default_service_account(cp: ControlPlane) -> bool:
 
 
 @contextlib.contextmanager
-def control_plane(dir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES, audited_users: Sequence[str] = ()) -> Any:
-    cp = start_control_plane(dir, nodes, audited_users)
+def control_plane(
+    dir: Path,
+    nodes: Sequence[FakeNode] = DEFAULT_NODES,
+    audited_users: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
+) -> Any:
+    cp = start_control_plane(dir, nodes, audited_users, apiserver_args)
     try:
         yield cp
     finally:
