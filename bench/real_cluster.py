@@ -229,13 +229,15 @@ PROJECT_SELECTOR = {"matchExpressions": [{"key": "hopsworks.ai/project", "operat
 
 # The issue's minimal policy: what the apiserver costs doing the plain pod's work itself. The
 # affinity goes in as a JSONPatch whose value CEL builds, because an ApplyConfiguration may not
-# touch nodeAffinity's atomic term list; a pod with affinity of its own is left to the webhooks.
+# touch nodeAffinity's atomic term list (dyn: CEL's map literals are of one value type); the two
+# expressions are the ones the product adds to the bench's pod; a pod with affinity of its own is
+# left to the webhooks.
 MINIMAL_POLICY_PATCH = """[
   JSONPatch{op: 'add', path: '/metadata/labels/runai~1queue', value: namespaceObject.metadata.name},
   JSONPatch{op: 'add', path: '/spec/affinity', value: {'nodeAffinity': {
     'requiredDuringSchedulingIgnoredDuringExecution': {'nodeSelectorTerms': [{'matchExpressions': [
-      {'key': 'hopsworks.ai/pool', 'operator': 'In', 'values': ['default']},
-      {'key': 'disk', 'operator': 'In', 'values': ['ssd']}]}]}}}}
+      {'key': dyn('maintenance'), 'operator': dyn('NotIn'), 'values': dyn(['true'])},
+      {'key': dyn('disk'), 'operator': dyn('In'), 'values': dyn(['ssd'])}]}]}}}}
 ]"""
 
 
