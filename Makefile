@@ -89,9 +89,9 @@ manifests: $(STAMP)
 e2e-kind:
 	@hack/e2e/kind.sh
 
-bench: $(STAMP) peers
+bench: $(STAMP) peers bench-gopeer
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
-	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster
+	PEERS_DIR=$(PEERS_DIR) GOPEER=$(GOPEER) $(BIN)/python -m bench.real_cluster
 	$(BIN)/python -m bench.connection_attacks --connections 1200 --tries 100
 	$(MAKE) bench-instructions BENCH_ARGS=
 
