@@ -56,9 +56,17 @@ def nodes(count: int) -> list[FakeNode]:
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: Obj) -> None:
-    async with session.post(url, json=body) as resp:
-        if resp.status not in (201, 409):
-            raise RuntimeError(f"POST {url}: {resp.status} {await resp.text()}")
+    # A namespace made a moment ago may not have its default ServiceAccount yet (the controller
+    # manager makes it): the apiserver refuses its pods until then.
+    deadline = time.monotonic() + 60
+    while True:
+        async with session.post(url, json=body) as resp:
+            if resp.status in (201, 409):
+                return
+            text = await resp.text()
+        if resp.status != 403 or "serviceaccount" not in text or time.monotonic() > deadline:
+            raise RuntimeError(f"POST {url}: {resp.status} {text}")
+        await asyncio.sleep(0.5)
 
 
 async def make_namespaces(cp: ControlPlane, count: int) -> list[str]:
