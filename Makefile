@@ -25,7 +25,7 @@ PY_INFO      := $(shell $(PYTHON) -c '$(PY_CHECK)' 2>/dev/null)
 VENV_PY_INFO := $(shell $(BIN)/python -c '$(PY_CHECK)' 2>/dev/null)
 VENV_STALE   := $(if $(filter $(word 1,$(PY_INFO)),$(word 1,$(VENV_PY_INFO))),,stale)
 
-.PHONY: image run test lint typecheck bench bench-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
+.PHONY: image run test lint typecheck bench bench-cluster bench-gopeer bench-scale-cluster bench-kueue bench-helm bench-instructions certs venv clean e2e e2e-kind peers manifests FORCE
 
 # setuptools warns on every editable install that a folder named like the package could shadow
 # it; here that folder is the package itself, so the warning says nothing to the reader.
@@ -98,16 +98,29 @@ manifests: $(STAMP)
 e2e-kind:
 	@hack/e2e/kind.sh
 
-bench: $(STAMP) peers
+bench: $(STAMP) peers bench-gopeer
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
-	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster
+	PEERS_DIR=$(PEERS_DIR) GOPEER=$(GOPEER) $(BIN)/python -m bench.real_cluster
 	$(BIN)/python -m bench.connection_attacks --connections 1200 --tries 100
 	$(BIN)/python -m bench.hostile_review
 	$(MAKE) bench-instructions BENCH_ARGS=
 
-# Pod creation through the real apiserver with and without the webhooks (bench/real_cluster.py).
-bench-cluster: $(STAMP) peers
-	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.real_cluster $(BENCH_ARGS)
+# Pod creation through the real apiserver: no webhook, the minimal admission policy, the Go peer and
+# the product, side by side (bench/real_cluster.py).
+bench-cluster: $(STAMP) peers bench-gopeer
+	PEERS_DIR=$(PEERS_DIR) GOPEER=$(GOPEER) $(BIN)/python -m bench.real_cluster $(BENCH_ARGS)
+
+# The Go peer of bench-cluster (bench/gopeer: controller-runtime, pinned by its go.mod and go.sum),
+# built into bench/build (not committed); go rebuilds only what changed.
+GOPEER := bench/build/gopeer
+bench-gopeer:
+	@command -v go >/dev/null || { echo "bench-gopeer needs Go (the version bench/gopeer/go.mod names)"; exit 2; }
+	cd bench/gopeer && go build -trimpath -o ../build/gopeer .
+
+# How the product's cost grows with the cluster (kwok nodes, many namespaces and pods; bench/scale_cluster.py).
+# Heavy: kept out of `make test` and `make bench`.
+bench-scale-cluster: $(STAMP) peers
+	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.scale_cluster $(BENCH_ARGS)
 
 # Pod creation through a `helm upgrade` that rolls the replicas, against the same loop with nothing rolling.
 bench-helm: $(STAMP) peers
