@@ -285,28 +285,28 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     def namespace() -> str:
         return str(args.namespace or context_namespace(kubeconfig, context))
 
-    if args.command == "gpu":
+    if args.subcommand == "gpu":
         ns = namespace()
         answer = await call(kubeconfig, context, "GET", f"{PREFIX}/namespaces/{quote(ns, safe='')}/projectviews/gpu")
         return _show(answer, args.output, gpu_table, out, err)
-    if args.command == "scheduling":
+    if args.subcommand == "scheduling":
         ns = namespace()
         query = [("kind", args.kind)] if args.kind else []
         path = f"{PREFIX}/namespaces/{quote(ns, safe='')}/projectviews/scheduling"
         return _show(await call(kubeconfig, context, "GET", path, query=query), args.output, scheduling_table, out, err)
-    if args.command == "admin":
+    if args.subcommand == "admin":
         answer = await call(kubeconfig, context, "GET", f"{PREFIX}/adminviews/runai")
         return _show(answer, args.output, admin_table, out, err)
-    if args.command == "move":
+    if args.subcommand == "move":
         path = f"{PREFIX}/namespaces/{quote(args.project, safe='')}/projectmoves"
         body = {"department": args.department or None}
         answer = await call(kubeconfig, context, "POST", path, query=_dry_run(args.dry_run), body=body)
         return _show(answer, args.output, move_text, out, err)
-    if args.command == "delete-department":
+    if args.subcommand == "delete-department":
         path = f"{PREFIX}/departments/{quote(args.department, safe='')}"
         answer = await call(kubeconfig, context, "DELETE", path, query=_dry_run(args.dry_run))
         return _show(answer, args.output, move_text, out, err)
-    raise PluginError(f"unknown command {args.command!r}")
+    raise PluginError(f"unknown command {args.subcommand!r}")
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -322,7 +322,7 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
 def add_commands(parser: argparse.ArgumentParser, formatter: type[argparse.HelpFormatter]) -> None:
     """The plugin's commands, on `parser` (kubectl-hopsworks, and `scheduling-webhook admin`)."""
     _common(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, formatter_class=formatter)
@@ -373,7 +373,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     at the call."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if args.command == "review":
+    if args.subcommand == "review":
         from webhook.review import review_command
 
         output = "text" if args.output == "table" else args.output
