@@ -67,8 +67,11 @@ DROPPED: dict[str, frozenset[str]] = {
 }
 
 # Named though only some Kubernetes versions define them: the alpha gang-scheduling field of
-# PodSpec is workloadRef in the apiserver 1.35 and schedulingGroup in the 36.x client's OpenAPI.
-OF_SOME_VERSIONS: dict[str, frozenset[str]] = {"PodSpecIn": frozenset({"schedulingGroup", "workloadRef"})}
+# PodSpec is workloadRef in the apiserver 1.35 and schedulingGroup in the 36.x client's OpenAPI;
+# evictionResponders is new in 1.37.
+OF_SOME_VERSIONS: dict[str, frozenset[str]] = {
+    "PodSpecIn": frozenset({"evictionResponders", "schedulingGroup", "workloadRef"})
+}
 
 Quantity = str | int | float  # as the object check takes them; the rules parse them strictly
 
@@ -118,6 +121,7 @@ class PodSpecIn(TypedDict, total=False):
     containers: list[ContainerIn]
     dnsPolicy: Any
     enableServiceLinks: Any
+    evictionResponders: Any
     hostIPC: Any
     hostNetwork: Any
     hostPID: Any
