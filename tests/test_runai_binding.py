@@ -51,8 +51,9 @@ FAST_CLIENT = ClientOptions(
 FAST_WATCH = WatchTiming(watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1)
 LEASE = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.1, request_timeout_s=1.0)
 # A bound on each wait for the cluster to show a change: the namespace controller, the watches and
-# the reconciler all take their turn on a loaded machine. A passing wait returns as soon as it holds.
-AT_LEAST_S = 15.0
+# the reconciler all take their turn on a loaded machine (15 s was too short at load 15-20 in a full
+# run). A passing wait returns as soon as it holds.
+AT_LEAST_S = 60.0
 
 
 # ---- harness -------------------------------------------------------------------------------------
