@@ -277,7 +277,7 @@ def _run(argv: list[str] | None) -> int:
 
         # The kubectl plugin's move and delete-department, under their older names here.
         plugin_args = argparse.Namespace(
-            command="move" if args.action == "move-project" else "delete-department",
+            subcommand="move" if args.action == "move-project" else "delete-department",
             project=getattr(args, "namespace", None),
             department=args.department if args.action == "move-project" else args.name,
             kubeconfig=args.kubeconfig,
