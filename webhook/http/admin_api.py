@@ -216,6 +216,34 @@ def dry_run_of(request: web.Request) -> bool | web.Response:
     return _error(400, "BadRequest", "dryRun: the only value is All")
 
 
+async def move_answer(mover: Mover, request: web.Request, namespace: str, who: str) -> web.Response:
+    """A move of `namespace` by `who`, its body and `dryRun` read from `request`: the answer of both
+    the /api/v1 route and the aggregated API's."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "BadRequest", 'the body must be JSON: {"department": "<name>"}')
+    if not isinstance(body, dict) or "department" not in body:
+        return _error(400, "BadRequest", 'the body must be a JSON object: {"department": "<name>"}')
+    department = body["department"]
+    if department is not None and not isinstance(department, str):
+        return _error(400, "InvalidDepartment", "department must be a string (or null for the default)")
+    dry_run = dry_run_of(request)
+    if isinstance(dry_run, web.Response):
+        return dry_run
+    status, answer = await move_project_answer(mover, namespace, department, who, dry_run=dry_run)
+    return web.json_response(answer, status=status)
+
+
+async def delete_answer(mover: Mover, request: web.Request, name: str, who: str) -> web.Response:
+    """The deletion of department `name` by `who`, `dryRun` read from `request`."""
+    dry_run = dry_run_of(request)
+    if isinstance(dry_run, web.Response):
+        return dry_run
+    status, answer = await delete_department_answer(mover, name, who, dry_run=dry_run)
+    return web.json_response(answer, status=status)
+
+
 def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
     """Routes for `create_app(routes=...)`."""
 
@@ -226,37 +254,10 @@ def admin_routes(mover: Mover, authorize: Authorize) -> list[web.RouteDef]:
         return await action(who)
 
     async def move(request: web.Request) -> web.Response:
-        namespace = request.match_info["namespace"]
-
-        async def act(who: str) -> web.Response:
-            try:
-                body = await request.json()
-            except ValueError:
-                return _error(400, "BadRequest", 'the body must be JSON: {"department": "<name>"}')
-            if not isinstance(body, dict) or "department" not in body:
-                return _error(400, "BadRequest", 'the body must be a JSON object: {"department": "<name>"}')
-            department = body["department"]
-            if department is not None and not isinstance(department, str):
-                return _error(400, "InvalidDepartment", "department must be a string (or null for the default)")
-            dry_run = dry_run_of(request)
-            if isinstance(dry_run, web.Response):
-                return dry_run
-            status, answer = await move_project_answer(mover, namespace, department, who, dry_run=dry_run)
-            return web.json_response(answer, status=status)
-
-        return await guarded(request, act)
+        return await guarded(request, lambda who: move_answer(mover, request, request.match_info["namespace"], who))
 
     async def delete_department(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-
-        async def act(who: str) -> web.Response:
-            dry_run = dry_run_of(request)
-            if isinstance(dry_run, web.Response):
-                return dry_run
-            status, answer = await delete_department_answer(mover, name, who, dry_run=dry_run)
-            return web.json_response(answer, status=status)
-
-        return await guarded(request, act)
+        return await guarded(request, lambda who: delete_answer(mover, request, request.match_info["name"], who))
 
     return [
         web.post(MOVE_PATH, move),

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from webhook.http.admin_api import Mover, delete_department_answer, dry_run_of, move_project_answer
+from webhook.http.admin_api import Mover, delete_answer, move_answer
 from webhook.http.auth import Principal
 from webhook.http.gpu_api import NO_RUNAI_DATA, GpuViews, error_response, private_json
 from webhook.http.scheduling_api import NotAProject, choices_from_query, project_offer
@@ -193,34 +193,13 @@ def aggregated_routes(views: GpuViews, mover: Mover, config: RequestHeaderConfig
         user = caller(request)
         if isinstance(user, web.Response):
             return user
-        dry_run = dry_run_of(request)
-        if isinstance(dry_run, web.Response):
-            return dry_run
-        try:
-            body = await request.json()
-        except ValueError:
-            return error_response(400, "BadRequest", 'the body must be JSON: {"department": "<name>"}')
-        if not isinstance(body, dict) or "department" not in body:
-            return error_response(400, "BadRequest", 'the body must be a JSON object: {"department": "<name>"}')
-        department = body["department"]
-        if department is not None and not isinstance(department, str):
-            return error_response(400, "InvalidDepartment", "department must be a string (or null for the default)")
-        status, answer = await move_project_answer(
-            mover, request.match_info["namespace"], department, user.username, dry_run=dry_run
-        )
-        return web.json_response(answer, status=status)
+        return await move_answer(mover, request, request.match_info["namespace"], user.username)
 
     async def delete_department(request: web.Request) -> web.Response:
         user = caller(request)
         if isinstance(user, web.Response):
             return user
-        dry_run = dry_run_of(request)
-        if isinstance(dry_run, web.Response):
-            return dry_run
-        status, answer = await delete_department_answer(
-            mover, request.match_info["name"], user.username, dry_run=dry_run
-        )
-        return web.json_response(answer, status=status)
+        return await delete_answer(mover, request, request.match_info["name"], user.username)
 
     return [
         *_discovery(),
