@@ -102,23 +102,20 @@ def _wait_two_ready_on_real_nodes(cp: ControlPlane, within: float = 150) -> None
 @pytest.fixture(scope="module")
 def install(cp: ControlPlane) -> Obj:
     """The chart installed with the image's tag, pulled never (it is imported), and placed on the
-    real nodes by a nodeSelector on a label the kwok nodes lack and a toleration of their taint."""
+    real nodes by its nodeSelector and tolerations values: a label the kwok nodes lack, and their taint."""
     _archive, tag = image_archive()
     repository, version = tag.rsplit(":", 1)
     assert cp.webhook_client is not None
     values: Obj = {
         "image": {"repository": repository, "tag": version, "pullPolicy": "Never"},
         "admission": {"clientCA": cp.webhook_client.ca_pem.decode(), "clientNames": [cp.webhook_client.name]},
+        # Placed by the chart's own scheduling values, as an operator places it.
+        "nodeSelector": {REAL_NODE_LABEL: "true"},
+        "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
     }
     cp.kubectl("create", "namespace", INSTALL_NS)
     cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
     helm_install(cp, values)
-    # The chart has no scheduling values yet: the placement is patched onto its Deployment.
-    toleration = {**REAL_NODE_TAINT, "operator": "Equal"}
-    placement = {
-        "spec": {"template": {"spec": {"nodeSelector": {REAL_NODE_LABEL: "true"}, "tolerations": [toleration]}}}
-    }
-    cp.kubectl("patch", "deployment", SERVICE, "-n", INSTALL_NS, "--type=merge", "-p", json.dumps(placement))
 
     _wait_two_ready_on_real_nodes(cp)
     return values
