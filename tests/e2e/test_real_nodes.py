@@ -7,6 +7,7 @@ A control plane of its own for this module, with two real nodes beside the kwok 
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import os
 import shutil
@@ -347,3 +348,69 @@ def test_a_renewed_certificate_reaches_both_replicas_through_the_secret_volume(c
     assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
     after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in _pods(cp)}
     assert after == restarts, "a replica was restarted or replaced"
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from the machine: {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_on_the_machines_loopback_is_reached_through_a_service(cp: ControlPlane) -> None:
+    """What the install calls outside the cluster (the Run:ai stand-in, Kueue's and KAI's webhooks) is
+    a process of the test run on the machine's loopback, which the nodes' namespace cannot reach: a
+    Service without a selector, whose EndpointSlice names a relay in the namespace, carries a pod's
+    connection (through kube-proxy) and one opened inside the namespace (the apiserver's egress) there."""
+    assert cp.real is not None
+    namespace = "machine-side"
+    cp.kubectl("create", "namespace", namespace)
+    cp.apply([{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hello", "namespace": namespace},
+               "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}])  # fmt: skip
+    host, port = cp.machine_endpoint(namespace, "hello", 80, port_name="http")
+    # A process outside a container: it stands in for the servers of the run that live on loopback.
+    server = http.server.ThreadingHTTPServer((host, port), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ip = cp.service_ip(namespace, "hello")
+        assert not ip.startswith("127."), ip
+
+        def from_the_namespace() -> bool:
+            sock = cp.real.ns.socket() if cp.real else None
+            assert sock is not None
+            sock.settimeout(5)
+            try:
+                sock.connect((ip, 80))
+                sock.sendall(b"GET /egress HTTP/1.0\r\n\r\n")
+                return b"hello from the machine: /egress" in sock.recv(4096)
+            except OSError:
+                return False  # kube-proxy has not written the Service's rules yet
+            finally:
+                sock.close()
+
+        wait_for(from_the_namespace, 60, "the Service answering inside the namespace", cp)
+        _archive, tag = image_archive()
+        url = f"http://{ip}:80/pod"
+        fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+        cp.apply([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "caller", "namespace": namespace},
+                   "spec": {"restartPolicy": "Never", "nodeSelector": {REAL_NODE_LABEL: "true"},
+                            "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
+                            "containers": [{"name": "caller", "image": tag, "imagePullPolicy": "Never",
+                                            "command": ["python3", "-c", fetch]}]}}])  # fmt: skip
+
+        def phase() -> str:
+            return str(cp.get_json("pod", "caller", "-n", namespace).get("status", {}).get("phase"))
+
+        wait_for(lambda: phase() in ("Succeeded", "Failed"), 120, "the calling pod finished", cp)
+        logs = cp.kubectl("logs", "caller", "-n", namespace, check=False)
+        status = cp.get_json("pod", "caller", "-n", namespace)["status"]
+        assert phase() == "Succeeded" and "hello from the machine: /pod" in logs.stdout, f"{logs}\n{json.dumps(status)}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -205,6 +205,31 @@ class ControlPlane:
     def service_ip(self, namespace: str, name: str) -> str:
         return str(self.get_json("service", name, "-n", namespace)["spec"]["clusterIP"])
 
+    def machine_endpoint(
+        self, namespace: str, service: str, port: int, *, port_name: str = "", machine_port: int | None = None
+    ) -> tuple[str, int]:
+        """Where a server of the test run listens on this machine so that `port` of the Service
+        (one without a selector) reaches it, for the apiserver and for pods alike.
+
+        Without real nodes the ClusterIP is a loopback address: the server listens on it, at the
+        Service's own port. With real nodes the ClusterIP lives in the nodes' namespace: a relay
+        listens there (nodes.py, `Relays.to_machine`), an EndpointSlice names it, and the server
+        listens on loopback at `machine_port` (a free port if not given)."""
+        if self.real is None:
+            return self.service_ip(namespace, service), port
+        chosen = machine_port or free_port()
+        ip, relay_port = self.real.relays.to_machine(chosen)
+        self.apply([{
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{service}-machine-{port}", "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "tests.scheduling-webhook"}},
+            "addressType": "IPv4",
+            "ports": [{"name": port_name, "port": relay_port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+        }])  # fmt: skip
+        return LOOPBACK, chosen
+
     def stop(self) -> None:
         if self.real is not None:
             self.real.stop()

@@ -52,6 +52,9 @@ _CLONE_NEWNET = 0x40000000
 # All addresses of the namespace: nodes and the apiserver's relay in .0, pod CIDRs in .<n>.
 NETWORK = ipaddress.IPv4Network("10.200.0.0/16")
 APISERVER_IP = "10.200.0.1"
+# Where the namespace reaches servers of the test run on the machine's loopback (the Run:ai
+# stand-ins, Kueue's and KAI's webhooks): a relay listens here, one port per server.
+MACHINE_SIDE_IP = "10.200.0.2"
 SERVICE_CIDR = ipaddress.IPv4Network("10.201.0.0/24")
 REAL_NODE_LABEL = "scheduling-webhook.test/real-node"
 # Only what tolerates it runs there: the tests' other pods name images that exist nowhere.
@@ -192,6 +195,50 @@ class Relays:
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         await _splice((reader, writer), upstream)
+
+    def to_machine(self, port: int) -> tuple[str, int]:
+        """A listener at MACHINE_SIDE_IP:`port` inside the namespace, each connection carried to the
+        same port on the machine's loopback: where a Service's EndpointSlice sends pods (and the
+        apiserver's egress) to reach a server of the test run. The ports are the machine's free
+        ones, so they never collide inside the namespace either."""
+        self.loop.run(self._listen_in_namespace(MACHINE_SIDE_IP, port, LOOPBACK, port))
+        return MACHINE_SIDE_IP, port
+
+    def from_machine(self, host: str, port: int, target: str, target_port: int) -> None:
+        """A listener at `host`:`port` on the machine, each connection opened from inside the
+        namespace to `target`:`target_port` (a Service's ClusterIP, where kube-proxy picks a Ready
+        endpoint): how the test process calls the install's Service as a pod of the cluster would."""
+        self.loop.run(self._listen_on_machine(host, port, target, target_port))
+
+    async def _listen_in_namespace(self, ip: str, port: int, upstream_host: str, upstream_port: int) -> None:
+        listener = self.ns.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((ip, port))
+
+        async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                upstream = await asyncio.open_connection(upstream_host, upstream_port)
+            except OSError:
+                writer.close()  # the server is down: the caller sees its connection closed
+                return
+            await _splice((reader, writer), upstream)
+
+        self.servers.append(await asyncio.start_server(carry, sock=listener))
+
+    async def _listen_on_machine(self, host: str, port: int, target: str, target_port: int) -> None:
+        async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = self.ns.socket()
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (target, target_port)), 10)
+                upstream = await asyncio.open_connection(sock=sock)
+            except (TimeoutError, OSError):
+                sock.close()
+                writer.close()
+                return
+            await _splice((reader, writer), upstream)
+
+        self.servers.append(await asyncio.start_server(carry, host, port, reuse_address=True))
 
     def stop(self) -> None:
         async def close() -> None:
@@ -487,6 +534,7 @@ def prepare(dir: Path, apiserver_port: int) -> RealNodes:
     ns = NetNs(f"sw-{token}")
     try:
         ns.ip("addr", "add", f"{APISERVER_IP}/32", "dev", "lo")
+        ns.ip("addr", "add", f"{MACHINE_SIDE_IP}/32", "dev", "lo")
         # A route for the Service CIDR, or a connection from the namespace itself (the apiserver's
         # egress) fails before kube-proxy's DNAT sees it; the source is an address pods answer.
         ns.ip("route", "add", str(SERVICE_CIDR), "dev", "lo", "src", APISERVER_IP)
