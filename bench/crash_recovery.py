@@ -6,7 +6,7 @@ Starts the test control plane (etcd, kube-apiserver, the controllers, kwok) with
 two replicas run as real processes, and the Run:ai stand-in (tests/support/control_plane/). Each
 round moves a project the leader bound to another department through the admin API over HTTPS and
 kills (SIGKILL) the replica carrying the move while Run:ai deletes the old project
-(tests/support/control_plane/crashed_move.py); the pod runner starts it again as a kubelet would.
+(tests/support/control_plane/crashed_move.py); its kubelet starts it again.
 Rounds alternate between killing the Lease holder (a replica resumes the move once it has taken
 the Lease over: the Lease's 15 s) and killing the other replica (the leader resumes it once the
 dead holder's heartbeat is 20 s old). Prints, per kind of kill, the time from the kill to the move
@@ -26,6 +26,7 @@ from pathlib import Path
 from tests.support.control_plane.cluster import control_plane
 from tests.support.control_plane.crashed_move import CrashedMoves, CrashRun, Kill
 from tests.support.control_plane.install import Install, installed
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 
 KINDS: tuple[Kill, ...] = ("leader", "follower")
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     dir = Path(tempfile.mkdtemp(prefix="swh-bench-crash-"))
     try:
-        with control_plane(dir) as cp, installed(cp, dir / "install") as inst:
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp, installed(cp, dir / "install") as inst:
             runs = asyncio.run(measure(inst, args.rounds))
     finally:
         shutil.rmtree(dir, ignore_errors=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import INSTALL_NS, helm_install, installed
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 from tests.support.control_plane.rest import Rest
 from tests.support.pod_creations import Creations
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     dir = Path(tempfile.mkdtemp(prefix="swh-bench-helm-"))
     rounds = []
     try:
-        with control_plane(dir) as cp, installed(cp, dir / "install"):
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp, installed(cp, dir / "install"):
             rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
             for n in range(1, args.rounds + 1):
                 got = one_round(cp, rest, n, args.steady_s, args.interval_s)

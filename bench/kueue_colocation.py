@@ -29,6 +29,7 @@ from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import INSTALL_NS, installed
 from tests.support.control_plane.kueue import cluster_queue, kueue_running, local_queue, resource_flavor, topology
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 
 Obj = dict[str, Any]
 IMAGE = "registry.example/model:1.0"
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     dir = Path(tempfile.mkdtemp(prefix="swh-bench-kueue-"))
     results: dict[str, list[dict[str, Any]]] = {"host": [], "none": []}
     try:
-        with control_plane(dir) as cp, installed(cp, dir / "install") as inst, kueue_running(cp, dir / "kueue"):
+        with (
+            control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp,
+            installed(cp, dir / "install") as inst,
+            kueue_running(cp, dir / "kueue"),
+        ):
             cp.apply([topology(), resource_flavor("tas", "default"), cluster_queue("cq", "tas", cpu="200")])
             data = {"kueue_installed": "true", "kueue_project_default_local_queue": "team",
                     "scheduler": yaml.safe_dump(SCHEDULER)}  # fmt: skip

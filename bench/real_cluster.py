@@ -53,6 +53,7 @@ from tests.support.cluster import SCHEDULER
 from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, admission_policy_args, control_plane
 from tests.support.control_plane.install import INSTALL_NS, Install, installed
 from tests.support.control_plane.kai import QueueSync, kai_running, set_department_quota
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 from webhook.tls.issuing import make_ca, make_serving_cert, write_serving_files
 
 Obj = dict[str, Any]
@@ -122,7 +123,7 @@ def project(cp: ControlPlane, prefix: str) -> str:
 
 def first_pod_seconds(cp: ControlPlane, inst: Install) -> float:
     runai = inst.runai
-    data = {"run_ai_enable": "true", "run_ai_url": runai.url, "run_ai_client_id": runai.client_id}
+    data = {"run_ai_enable": "true", "run_ai_url": inst.runai_url, "run_ai_client_id": runai.client_id}
     cp.kubectl("patch", "configmap", "hopsworks-cluster-settings", "-n", INSTALL_NS, "--type", "merge", "-p",
                json.dumps({"data": data}))  # fmt: skip
     deadline = time.monotonic() + 30
@@ -177,7 +178,7 @@ def kai_notebook_seconds(cp: ControlPlane, inst: Install, rounds: int) -> list[f
         print(f"KAI serving in {kai.timings['total']:.1f} s")
         sync = QueueSync(cp, runai, inst.background).start()
         try:
-            data = {"run_ai_enable": "true", "run_ai_url": runai.url, "run_ai_client_id": runai.client_id,
+            data = {"run_ai_enable": "true", "run_ai_url": inst.runai_url, "run_ai_client_id": runai.client_id,
                     "run_ai_project_gpu_quota": "2"}  # fmt: skip
             cp.kubectl("patch", "configmap", "hopsworks-cluster-settings", "-n", INSTALL_NS, "--type", "merge",
                        "-p", json.dumps({"data": data}))  # fmt: skip
@@ -349,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     firsts: list[float] = []
     kai: list[float] = []
     try:
-        with control_plane(dir, apiserver_args=apiserver_args) as cp, installed(cp, dir / "install") as inst:
+        with (
+            control_plane(dir, apiserver_args=apiserver_args, real_nodes=DEFAULT_REAL_NODES) as cp,
+            installed(cp, dir / "install") as inst,
+        ):
             print(f"Kubernetes {KUBE_VERSION}: control plane ready in {cp.timings['total']:.1f} s; install serving")
             bench_settings(cp)
             # The Go peer makes the change the product makes: read it from a pod the product stored.

@@ -12,10 +12,10 @@ namespaces. For each total of --pods in turn it fills the cluster up to that man
 quick (the replicas still see every pod through their watches), spread over the namespaces by 16
 concurrent clients; then, with the configurations back, it reports:
 
-- each replica's RSS (VmRSS of its process);
-- a restarted replica's time to ready: from SIGKILL until the pod runner (a kubelet's part) has
+- each replica's RSS (VmRSS of its container's process, on the real nodes);
+- a restarted replica's time to ready: from SIGKILL of its container until its kubelet has
   started it again and its readiness probe passes, so it includes the lists and watches of what
-  it caches and the runner's probe period;
+  it caches and the probe's period;
 - `create pod` latency at --rate creations per second for --seconds (open loop: counted from
   when each was due), plain notebooks in a project namespace, with the product and then with its
   webhook configurations set aside (the apiserver's own cost), and the apiserver's
@@ -44,6 +44,7 @@ import aiohttp
 from bench.real_cluster import _drop_all, admin_session, bench_settings, gpu_notebook, pod
 from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, FakeNode, control_plane
 from tests.support.control_plane.install import Install, installed
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 
 Obj = dict[str, Any]
 CLIENTS = 16
@@ -108,18 +109,24 @@ def rss_mb(pid: int) -> float:
 
 
 def replica_rss(inst: Install) -> list[float]:
-    return [rss_mb(c.process.pid) for c in inst.runner.running()]
+    return [rss_mb(inst.container_pid(p)) for p in inst.running()]
 
 
 def restart_seconds(inst: Install, within: float = 300) -> float:
-    victim = inst.runner.running()[0]
-    restarts = victim.restarts
+    victim = inst.running()[0]
+    name = victim["metadata"]["name"]
+    restarts = victim["status"]["containerStatuses"][0]["restartCount"]
     start = time.monotonic()
-    victim.process.kill()
-    while not (victim.restarts > restarts and victim.ready):
+    inst.kill(name)
+
+    def again() -> bool:
+        pod = next((p for p in inst.serving() if p["metadata"]["name"] == name), None)
+        return pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts
+
+    while not again():
         if time.monotonic() - start > within:
             raise RuntimeError(f"replica not ready again within {within:.0f} s")
-        time.sleep(0.05)
+        time.sleep(0.2)
     return time.monotonic() - start
 
 
@@ -205,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     dir = Path(tempfile.mkdtemp(prefix="swh-bench-scale-"))
     rows: list[Obj] = []
     try:
-        with control_plane(dir, nodes=nodes(args.nodes)) as cp, installed(cp, dir / "install") as inst:
+        with (
+            control_plane(dir, nodes=nodes(args.nodes), real_nodes=DEFAULT_REAL_NODES) as cp,
+            installed(cp, dir / "install") as inst,
+        ):
             print(f"Kubernetes {KUBE_VERSION}: control plane with {args.nodes} kwok nodes ready in "
                   f"{cp.timings['total']:.1f} s; install serving", flush=True)  # fmt: skip
             bench_settings(cp)

@@ -2,9 +2,9 @@
 
 Local (the default, part of `make test`): etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and kwok built by `make peers` (tests/support/control_plane/), started once per
-session; the chart installed with the real `helm install` (tests/support/chart.py); its two
-pods run for real (`scheduling-webhook serve` as their ServiceAccount); the Run:ai REST stand-in
-and a Run:ai-like admission webhook beside them.
+session, with two real nodes beside the kwok nodes (kubelet, containerd, runc: nodes.py); the
+chart installed with the real `helm install` (tests/support/chart.py); its two pods run from the
+image on the real nodes; the Run:ai REST stand-in and a Run:ai-like admission webhook beside them.
 
 Given (`make e2e KUBECONFIG=...`, `make e2e-kind`): SCHEDULING_WEBHOOK_E2E_KUBECONFIG names a
 cluster where the install already runs. The same tests run; those that need what only the local
@@ -32,6 +32,7 @@ import yaml
 from tests.support import peers
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import INSTALL_NS, SERVICE_ACCOUNT_USER, SETTINGS, Install, installed
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 
 KUBECONFIG_ENV = "SCHEDULING_WEBHOOK_E2E_KUBECONFIG"  # a cluster with the install
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -156,7 +157,9 @@ def real_control_plane(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     # Not under pytest's basetemp (kept for three runs): teardown leaves no folder behind.
     dir = Path(tempfile.mkdtemp(prefix="swh-control-plane-"))
     try:
-        with control_plane(dir, audited_users=(SERVICE_ACCOUNT_USER, AUDITED_CREATOR_USER)) as cp:
+        with control_plane(
+            dir, audited_users=(SERVICE_ACCOUNT_USER, AUDITED_CREATOR_USER), real_nodes=DEFAULT_REAL_NODES
+        ) as cp:
             version = cp.kubectl("version").stdout.replace("\n", "; ")
             timings = ", ".join(f"{k} {v:.1f} s" for k, v in cp.timings.items())
             _report(

@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -30,19 +29,16 @@ from tests.e2e.conftest import KUBECONFIG_ENV, Cluster, _report, apply_priority_
 from tests.support import chart, peers
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import (
-    APP_SELECTOR,
     INSTALL_NS,
     RUNAI_NAMESPACE,
     SETTINGS,
     TLS_SECRET,
     Install,
-    _network_args,
     helm,
     helm_install,
     installed,
 )
-from tests.support.control_plane.pod_runner import PodRunner
-from tests.support.control_plane.processes import free_port
+from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_TAINT, image_archive
 from tests.support.control_plane.rest import Rest
 from tests.support.pod_creations import Creations
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
@@ -64,7 +60,7 @@ def plane() -> Iterator[ControlPlane]:
         pytest.skip("a given cluster is in use: helm install and uninstall need a control plane of their own")
     dir = Path(tempfile.mkdtemp(prefix="swh-chart-plane-"))
     try:
-        with control_plane(dir) as cp:
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp:
             apply_priority_classes(cp)
             yield cp
     finally:
@@ -221,7 +217,7 @@ async def test_an_upgrade_near_the_certificates_end_renews_it_from_the_same_ca_w
     assert loop.refusals() == [], loop.refusals()[:5]
     assert (ca_secrets(cp), ca_bundles(cp)) == (ca, bundles)  # the same CA: no caBundle changed
     # The pods were not restarted for it: the same two replicas reloaded the files.
-    assert len(release.runner.running()) == 2
+    assert len(release.running()) == 2
 
 
 async def test_the_conflict_and_a_bad_value_fail_install_and_upgrade_with_their_message(release: Install) -> None:
@@ -255,7 +251,7 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     cp, runai = release.cp, release.runai
     # Run:ai on, as the platform's docs say: the values, then helm upgrade. A project's first pod
     # binds it: this server's finalizer, label and annotation on the namespace.
-    runai_on = {**VALUES, "variables": {**VALUES["variables"], "run_ai_enable": True, "run_ai_url": runai.url,
+    runai_on = {**VALUES, "variables": {**VALUES["variables"], "run_ai_enable": True, "run_ai_url": release.runai_url,
                                         "run_ai_client_id": runai.client_id}}  # fmt: skip
     await asyncio.to_thread(helm_install, cp, runai_on, "--wait", command="upgrade")
     project = await cluster.project("bound")
@@ -399,6 +395,12 @@ def readme_block(heading: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
 
+def example_image() -> str:
+    """The image the README's values (examples/values.example.yaml) name."""
+    image = yaml.safe_load((peers.REPO / "examples/values.example.yaml").read_text())["image"]
+    return f"{image['repository']}:{image['tag']}"
+
+
 def run_as_an_operator(commands: list[str], cwd: Path, cp: ControlPlane, home: Path) -> None:
     """Each command as written, with the real kubectl and helm on PATH and the cluster's kubeconfig."""
     bin = home / "bin"
@@ -417,21 +419,19 @@ async def test_the_readme_from_helm_install_to_helm_uninstall(release: Install, 
     (after the release above is gone): nothing else is needed for working webhooks and a clean exit."""
     cp = release.cp
     nothing_of_the_chart_left(cp)
-    release.runner.stop()  # a kubelet of its own for the new release's pods, on its new Service's IP
-    rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
-    ip: dict[str, str] = {}
-
-    def service_ip() -> str:
-        if "ip" not in ip:
-            ip["ip"] = runner.probe_host = cp.service_ip(INSTALL_NS, "scheduling-webhook")
-        return ip["ip"]
-
-    runner = PodRunner(
-        rest, INSTALL_NS, APP_SELECTOR,
-        programs={"scheduling-webhook": [str(Path(sys.executable).parent / "scheduling-webhook")]},
-        network_args=lambda pod, port: _network_args(pod, service_ip(), port), probe_host="",
-        free_port=lambda: free_port(service_ip()), dir=tmp_path / "pods", apiserver_url=cp.url, ca_file=cp.pki.ca_file,
-    ).start()  # fmt: skip
+    # The README's values name neither the test image nor the real nodes: the nodes get the image
+    # under the name the example values give it (as the operator's registry would serve it), lose
+    # their taint, and the kwok nodes (which run no container) are cordoned, for this test alone.
+    assert cp.real is not None
+    _archive, tag = image_archive()
+    for node in cp.real.nodes:
+        cp.real.ctr(node, "images", "tag", "--force", tag, example_image())
+    taint = f"{REAL_NODE_TAINT['key']}={REAL_NODE_TAINT['value']}:{REAL_NODE_TAINT['effect']}"
+    kwok_nodes = [n.name for n in cp.nodes]
+    for node in cp.real.nodes:
+        cp.kubectl("taint", "node", node, f"{taint}-")
+    for node in kwok_nodes:
+        cp.kubectl("cordon", node)
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     for name in ("examples", "manifests"):
@@ -451,4 +451,7 @@ async def test_the_readme_from_helm_install_to_helm_uninstall(release: Install, 
         nothing_of_the_chart_left(cp)
         await cluster.ok("delete", "namespace", project, "--wait=true", "--timeout=90s")
     finally:
-        runner.stop()
+        for node in kwok_nodes:
+            cp.kubectl("uncordon", node, check=False)
+        for node in cp.real.nodes:
+            cp.kubectl("taint", "node", node, taint, "--overwrite", check=False)

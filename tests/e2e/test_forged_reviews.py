@@ -98,8 +98,7 @@ async def upgraded(cluster: Cluster, local: Install, values: Obj) -> None:
     await asyncio.to_thread(local.ensure_running)
 
     def only_new() -> bool:
-        containers = list(local.runner.containers.values())
-        return len(containers) == 2 and all(c.ready and not c.terminating for c in containers)
+        return len(local.pods()) == 2 and len(local.serving()) == 2
 
     await cluster.eventually(only_new, "the replaced replicas gone", 90)
 

@@ -34,6 +34,7 @@ from tests.e2e.runai_steps import (
     wait_bound,
 )
 from tests.e2e.test_kubectl import turn_runai_on
+from tests.support.control_plane.cluster import KEEP_RUNNING_ANNOTATION
 from tests.support.control_plane.install import Install
 from tests.support.control_plane.kai import (
     QUEUE_LABEL,
@@ -45,7 +46,6 @@ from tests.support.control_plane.kai import (
     queue_usage,
     set_department_quota,
 )
-from tests.support.control_plane.pod_runner import KEEP_RUNNING_ANNOTATION
 from tests.test_gpu_sharing import CASES as GPU_SHARING_CASES
 from webhook.core.gpu_sharing import MAX_ANNOTATION_CHARS
 

@@ -189,7 +189,7 @@ async def test_with_the_servers_down_only_project_pods_are_refused(cluster: Clus
 async def turn_runai_on(cluster: Cluster) -> None:
     local = cluster.needs_local("needs the Run:ai stand-ins")
     runai = local.runai
-    await cluster.settings(run_ai_enable="true", run_ai_url=runai.url, run_ai_client_id=runai.client_id,
+    await cluster.settings(run_ai_enable="true", run_ai_url=local.runai_url, run_ai_client_id=runai.client_id,
                            run_ai_project_gpu_quota="2")  # fmt: skip
     await wait_for(lambda: local.metric("webhook_runai_reachable") == [1.0, 1.0], "Run:ai reachable on both replicas")
 

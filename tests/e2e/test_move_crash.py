@@ -2,8 +2,8 @@
 
 The install's two replicas elect their leader with the apiserver's Lease and record the move's
 intent on the real namespace. The replica carrying the move (asked through the admin API over
-HTTPS on the Service) is killed with SIGKILL while Run:ai deletes the old project; the PodRunner
-starts it again, as a kubelet would. The other replica (or the restarted one) resumes the move as
+HTTPS on its pod's address) is killed with SIGKILL while Run:ai deletes the old project; its
+kubelet starts it again. The other replica (or the restarted one) resumes the move as
 soon as the kill is proven: the Lease taken over from the dead leader, or the dead follower's
 heartbeat lapsed. The bound below is generous (a loaded machine) and half the old rule, which
 waited for a 120 s staleness and then for the next reconcile pass (5 minutes here). The time

@@ -1,7 +1,9 @@
 """The install on real nodes: its two pods run from the image `make image` built, by a real kubelet
 and containerd (tests/support/control_plane/nodes.py), and admission goes through them.
 
-A control plane of its own for this module, with two real nodes beside the kwok nodes.
+A control plane of its own for this module, with two real nodes beside the kwok nodes, although
+the session's has real nodes too: these tests drain and cordon a node, kill a replica, roll and
+roll back the release and rewrite its certificate, which the session's other tests must not see.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def micro_time(value: str) -> dt.datetime:
 
 
 def serving_pods(local: Install) -> set[str]:
-    return {c.pod for c in local.runner.running() if c.ready}
+    return {p["metadata"]["name"] for p in local.serving()}
 
 
 async def current_leader(cluster: Cluster, local: Install) -> Obj:
@@ -85,7 +85,7 @@ async def test_one_replica_leads_hands_over_on_shutdown_and_is_replaced_after_a_
 
     # A crash (SIGKILL): nothing is released, so nobody takes over before the Lease has expired.
     crashed = await current_leader(cluster, local)
-    local.runner.container(holder_pod(crashed)).process.kill()
+    await asyncio.to_thread(local.kill, holder_pod(crashed))
     last_renewal = micro_time((await lease(cluster))["renewTime"])
 
     async def taken_by_another_process() -> Obj | None:

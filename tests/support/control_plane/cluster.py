@@ -47,14 +47,13 @@ from tests.support.control_plane.pki import (
     make_pki,
     webhook_client,
 )
-from tests.support.control_plane.pod_runner import kwok_stages
 from tests.support.control_plane.processes import LOOPBACK, Process, free_port
 
 KUBE_VERSION = peers.kube_version()
 GPU = "nvidia.com/gpu"
-# Pods that really run (tests/support/control_plane/pod_runner.py), which kwok must leave alone.
-REAL_PODS_LABEL = "app.kubernetes.io/name"
-REAL_PODS = ("scheduling-webhook", "scheduling-webhook-uninstall")
+# kwok completes a Job's pod as soon as it runs; a test that needs a job running (to be preempted,
+# or relabelled while it runs) puts this annotation on the Job's pod template.
+KEEP_RUNNING_ANNOTATION = "test.scheduling-webhook/keep-running"
 
 
 @dataclass(frozen=True)
@@ -99,6 +98,24 @@ DEFAULT_NODES = (
 def _random_service_cidr() -> ipaddress.IPv4Network:
     # 127.0.0.0/16 is left alone (127.0.0.1 and friends); a /24 per control plane.
     return ipaddress.IPv4Network(f"127.{random.randint(100, 254)}.{random.randint(0, 255)}.0/24")
+
+
+def kwok_stages(stage_dir: Path, out_dir: Path) -> list[Path]:
+    """kwok's own pod stages, the one that completes Job pods told to leave alone those annotated
+    KEEP_RUNNING_ANNOTATION. (kwok acts only on the pods of its own nodes: the real nodes' kubelets
+    run theirs.)"""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for source in sorted((stage_dir / "pod/fast").glob("pod-*.yaml")):
+        stage = yaml.safe_load(source.read_text())
+        if source.name == "pod-complete.yaml":
+            stage["spec"]["selector"].setdefault("matchExpressions", []).append(
+                {"key": f'.metadata.annotations["{KEEP_RUNNING_ANNOTATION}"]', "operator": "DoesNotExist"}
+            )
+        target = out_dir / source.name
+        target.write_text(yaml.safe_dump(stage))
+        paths.append(target)
+    return paths
 
 
 def write_kubeconfig(path: Path, server: str, ca_file: Path, user: dict[str, str]) -> Path:
@@ -397,7 +414,7 @@ def start_control_plane(
         ], logs))  # fmt: skip
         stage_files = [stages / "node/fast/node-initialize.yaml",
                        stages / "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-                       *kwok_stages(stages, dir / "kwok-stages", REAL_PODS_LABEL, REAL_PODS)]  # fmt: skip
+                       *kwok_stages(stages, dir / "kwok-stages")]  # fmt: skip
         started("kwok", Process("kwok", [
             str(binaries["kwok"]),
             f"--kubeconfig={kubeconfig('kwok', 'kwok', ('system:masters',))}",

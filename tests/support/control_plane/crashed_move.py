@@ -9,14 +9,12 @@
 Everything Kubernetes is real: the apiserver's Lease the replicas elect a leader with, the
 namespace annotation the move records its intent in, the admin's TokenReview and
 SubjectAccessReview. A project bound by the leader is moved to department `ml` through the admin
-API over HTTPS on the install's Service. Both replicas listen there (SO_REUSEPORT) and the kernel
-chooses which one accepts a connection, so the request goes on a connection the replica to be
-killed accepted (the socket's owner, read in /proc); that replica carries the move out. Run:ai
-(the stand-in) answers the delete of the old project with 202 and keeps it `Deleting` for a few
-seconds: the replica is killed (SIGKILL to its process group) while it waits there, with its
-intent recorded and its heartbeat running. The PodRunner starts it again as a kubelet would. The
-time runs from the kill to the namespace carrying no intent, its department label the new one
-(moved) or the old one (rolled back).
+API over HTTPS, on the HTTPS port of the replica to be killed (its pod's address, dialled from the
+nodes' namespace), so that replica carries the move out. Run:ai (the stand-in) answers the delete
+of the old project with 202 and keeps it `Deleting` for a few seconds: the replica's container is
+killed (SIGKILL) while it waits there, with its intent recorded and its heartbeat running. Its
+kubelet starts it again. The time runs from the kill to the namespace carrying no intent, its
+department label the new one (moved) or the old one (rolled back).
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import ssl
 import time
 import uuid
@@ -34,11 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from tests.support.control_plane.install import INSTALL_NS, LEASE, SERVICE, SETTINGS, Install
-from tests.support.control_plane.pod_runner import Container
-from tests.support.control_plane.rest import RestError
+from tests.support.control_plane.rest import Rest, RestError
 from webhook.snapshot import DEPARTMENT_LABEL, RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL, RUNAI_QUEUE_LABEL
 
 T = TypeVar("T")
+Obj = dict[str, Any]
+HTTPS_PORT = 8443  # the pods' port `https`, behind the Service's 443
 Kill = Literal["leader", "follower"]
 DEPARTMENT = "ml"
 # Long enough to kill the holder while it waits for Run:ai's delete; short beside the recovery.
@@ -61,7 +58,8 @@ class CrashRun:
 class CrashedMoves:
     def __init__(self, inst: Install) -> None:
         self.inst = inst
-        self.rest = inst.runner.rest
+        cp = inst.cp
+        self.rest = Rest(cp.url, cp.pki.ca_file, cp.dir / "pki/admin.crt", cp.dir / "pki/admin.key")
         self.namespaces: list[str] = []
         self._token = ""
         self._admins = f"crash-admins-{uuid.uuid4().hex[:6]}"
@@ -71,7 +69,8 @@ class CrashedMoves:
 
     async def prepare(self) -> None:
         inst, runai = self.inst, self.inst.runai
-        data = {"run_ai_enable": "true", "run_ai_url": runai.url, "run_ai_client_id": runai.client_id, **SETTINGS_DATA}
+        data = {"run_ai_enable": "true", "run_ai_url": inst.runai_url, "run_ai_client_id": runai.client_id,
+                **SETTINGS_DATA}  # fmt: skip
         await self._kubectl("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type", "merge", "-p",
                             json.dumps({"data": data}))  # fmt: skip
         self._in_standin(lambda: runai.department(DEPARTMENT) or runai.add_department(DEPARTMENT))
@@ -111,7 +110,7 @@ class CrashedMoves:
     async def crash_a_move(self, kill: Kill, *, within_s: float = 90.0) -> CrashRun:
         await asyncio.to_thread(self.inst.wait_ready, 2)
         leader = await self._leader()
-        victim = leader if kill == "leader" else next(c for c in self.inst.runner.running() if c is not leader)
+        victim = leader if kill == "leader" else next(p for p in self.inst.serving() if _name(p) != _name(leader))
         name = await self._bound_project()
         old = self._in_standin(lambda: self.inst.runai.project(name))
         assert old is not None, f"{name} has no Run:ai project"
@@ -134,10 +133,10 @@ class CrashedMoves:
                 )
             except AssertionError as exc:
                 answer = await asyncio.wait_for(reader.read(2000), 5)
-                raise AssertionError(f"{exc}; {victim.pod} answered: {answer.decode(errors='replace')}") from None
+                raise AssertionError(f"{exc}; {_name(victim)} answered: {answer.decode(errors='replace')}") from None
             intent = self._intent(name)
-            assert intent is not None and intent["holder"].startswith(f"{victim.pod}_"), (victim.pod, intent)
-            victim.process.kill()  # SIGKILL, its whole process group
+            assert intent is not None and intent["holder"].startswith(f"{_name(victim)}_"), (_name(victim), intent)
+            await asyncio.to_thread(self.inst.kill, _name(victim))
             killed_at = time.monotonic()
         finally:
             writer.close()
@@ -185,36 +184,30 @@ class CrashedMoves:
         await _until(bound, 60, f"{name} bound to Run:ai")
         return name
 
-    async def _leader(self, within_s: float = 40.0) -> Container:
-        def holder() -> Container | None:
+    async def _leader(self, within_s: float = 40.0) -> Obj:
+        def holder() -> Obj | None:
             try:
                 lease = self.rest.get(f"/apis/coordination.k8s.io/v1/namespaces/{INSTALL_NS}/leases/{LEASE}")
             except RestError:
                 return None
             identity = str((lease.get("spec") or {}).get("holderIdentity") or "")
-            return next((c for c in self.inst.runner.running() if identity.startswith(f"{c.pod}_")), None)
+            return next((p for p in self.inst.serving() if identity.startswith(f"{_name(p)}_")), None)
 
         await _until(lambda: holder() is not None, within_s, "a running replica holding the Lease")
         found = holder()
         assert found is not None
         return found
 
-    async def _connection_to(
-        self, replica: Container, attempts: int = 40
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A TLS connection to the Service that `replica` accepted; the others' are closed unused."""
+    async def _connection_to(self, replica: Obj) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TLS connection to the replica's own HTTPS port, opened inside the nodes' namespace."""
+        assert self.inst.cp.real is not None
         ctx = ssl.create_default_context(cafile=str(self.inst.dir / "ca.crt"))
-        for _ in range(attempts):
-            reader, writer = await asyncio.open_connection(
-                self.inst.service_ip, 443, ssl=ctx, server_hostname=f"{SERVICE}.{INSTALL_NS}.svc"
-            )
-            client = writer.get_extra_info("sockname")
-            if _accepted_by(replica.process.pid, (self.inst.service_ip, 443), (client[0], client[1])):
-                return reader, writer
-            writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError):
-                await writer.wait_closed()
-        raise AssertionError(f"{attempts} connections to the Service, none accepted by {replica.pod}")
+        sock = self.inst.cp.real.ns.socket()
+        sock.setblocking(False)
+        await asyncio.wait_for(
+            asyncio.get_running_loop().sock_connect(sock, (replica["status"]["podIP"], HTTPS_PORT)), 10
+        )
+        return await asyncio.open_connection(sock=sock, ssl=ctx, server_hostname=f"{SERVICE}.{INSTALL_NS}.svc")
 
     def _namespace(self, name: str) -> dict[str, Any] | None:
         try:
@@ -244,30 +237,8 @@ class CrashedMoves:
         return str(done.stdout)
 
 
-def _accepted_by(pid: int, server: tuple[str, int], client: tuple[str, int]) -> bool:
-    """Whether process `pid` holds the server's end of the TCP connection `client` -> `server`
-    (its socket's inode, from /proc/net/tcp, among the process's open files)."""
-    local, remote = _proc_address(*server), _proc_address(*client)
-    inode = ""
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if fields[1] == local and fields[2] == remote:
-                inode = fields[9]
-    if not inode:
-        return False
-    wanted = f"socket:[{inode}]"
-    fds = f"/proc/{pid}/fd"
-    for fd in os.listdir(fds):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"{fds}/{fd}") == wanted:
-                return True
-    return False
-
-
-def _proc_address(ip: str, port: int) -> str:
-    # /proc/net/tcp writes an IPv4 address as the hex of its 32 bits in host (little-endian) order.
-    return f"{socket.inet_aton(ip)[::-1].hex().upper()}:{port:04X}"
+def _name(pod: Obj) -> str:
+    return str(pod["metadata"]["name"])
 
 
 async def _until(condition: Callable[[], bool], within_s: float, what: str, interval_s: float = 0.1) -> None:

@@ -20,8 +20,10 @@ configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue lab
   GPU sharing on (`--gpu-sharing-enabled`), without a RuntimeClass (kwok runs no containers) and
   with `--fake-gpu-nodes` (kwok nodes have no device plugin to report GPU memory or indexes).
 - Routing and certificates: KAI's webhook server binds its port on every address (its only flag
-  is a port); the Service `admission` in `kai-scheduler` has that port, and the apiserver dials
-  its ClusterIP (a loopback address, see cluster.py). The certificate, for
+  is a port); the Service `admission` in `kai-scheduler` (no selector) has that port, and the
+  apiserver dials its ClusterIP: a loopback address without real nodes, and with them an address
+  of the nodes' namespace whose EndpointSlice names a relay to this machine (`machine_endpoint`,
+  cluster.py). The certificate, for
   `admission.kai-scheduler.svc`, is where controller-runtime reads it by default:
   `$TMPDIR/k8s-webhook-server/serving-certs`, TMPDIR being this harness's folder.
 - Each command talks to the apiserver as the admin (`KUBECONFIG`): KAI's RBAC is not what these
@@ -213,9 +215,10 @@ def start_kai(cp: ControlPlane, dir: Path) -> Kai:
 
     port = free_port()
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-               "spec": {"ports": [{"name": "webhook", "port": port, "targetPort": port}],
-                        "selector": {"app": SERVICE}}}  # fmt: skip
+               "spec": {"ports": [{"name": "webhook", "port": port, "targetPort": port}]}}  # fmt: skip
     cp.apply([service])
+    # The apiserver reaches the server on this machine through the Service (machine_endpoint).
+    cp.machine_endpoint(NAMESPACE, SERVICE, port, port_name="webhook", machine_port=port)
     ca = make_ca("KAI admission test CA", days=30)
     cert = make_serving_cert(ca, SERVICE, NAMESPACE)
     tmp = dir / "admission-tmp"

@@ -11,8 +11,10 @@
 - Certificates: Kueue's internal cert management waits for a kubelet to mount its Secret, so it is
   off; the harness issues a serving certificate for `kueue-webhook-service.kueue-system.svc` into
   the manager's `webhook.certDir` and puts its CA into every `caBundle`.
-- Routing: as for our own server, the apiserver dials the Service's ClusterIP (loopback, see
-  cluster.py) on the Service's port 443, where the manager listens (`webhook.host`/`port`).
+- Routing: the apiserver dials the Service's ClusterIP on its port 443. The Service has no
+  selector; where the manager listens (`webhook.host`/`port`) is `machine_endpoint`'s answer
+  (cluster.py): that ClusterIP itself when it is a loopback address, else a loopback port that a
+  relay in the real nodes' namespace, named by the Service's EndpointSlice, leads to.
 - The manager talks to the apiserver as the admin (a client certificate in `system:masters`):
   Kueue's RBAC is not what these tests are about.
 """
@@ -110,8 +112,8 @@ def start_kueue(cp: ControlPlane, dir: Path) -> Kueue:
     component = webhook_component(cp, dir / "kustomize")
     service = next(o for o in component if o["kind"] == "Service")
     assert service["metadata"]["name"] == SERVICE, service["metadata"]
+    service["spec"].pop("selector", None)  # no pod of Kueue's: the manager runs on this machine
     cp.apply([service])
-    ip = cp.service_ip(NAMESPACE, SERVICE)
     ca = make_ca("Kueue webhook test CA", days=30)
     cert = make_serving_cert(ca, SERVICE, NAMESPACE)
     cert_dir = dir / "certs"
@@ -120,9 +122,11 @@ def start_kueue(cp: ControlPlane, dir: Path) -> Kueue:
     (cert_dir / "tls.key").write_bytes(cert.key_pem)
     _metrics_certificate(ca)
     health_port = free_port()
-    port = int(service["spec"]["ports"][0]["port"])
+    service_port = service["spec"]["ports"][0]
+    port_name = str(service_port.get("name", ""))
+    host, port = cp.machine_endpoint(NAMESPACE, SERVICE, int(service_port["port"]), port_name=port_name)
     config = dir / "config.yaml"
-    config.write_text(yaml.safe_dump(configuration(ip, port, cert_dir, health_port)))
+    config.write_text(yaml.safe_dump(configuration(host, port, cert_dir, health_port)))
     process = Process("kueue", [
         str(binary), f"--config={config}", f"--kubeconfig={cp.admin_kubeconfig}",
         "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=3",
