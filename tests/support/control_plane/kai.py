@@ -1,7 +1,8 @@
 """KAI-Scheduler v0.17.0 (the open core of Run:ai's scheduler) on the test control plane.
 
 Its commands are built by `make peers` from the KAI source tarball (hack/peers/kai), each run as
-its own process the way KAI's operator deploys them (`pkg/operator/operands/*/resources.go`),
+its own process the way KAI's operator deploys them (`pkg/operator/operands/*/resources.go`)
+(processes on this machine, not pods: no image of KAI can be pulled or built here),
 configured as Run:ai configures KAI: scheduler name `runai-scheduler`, queue label `runai/queue`.
 
 - CRDs: KAI's own (`deployments/kai-scheduler/crds`, copied to `$PEERS_DIR/share/kai/crds`):

@@ -1,6 +1,7 @@
 """Kueue v0.17.0 on the test control plane: its own manager, CRDs and webhook configurations.
 
-- The manager is the binary `make peers` builds from Kueue's Go module (hack/peers/kueue), with a
+- The manager is the binary `make peers` builds from Kueue's Go module (hack/peers/kueue), run as
+  a process on this machine, not a pod (no image of Kueue can be pulled or built here), with a
   Configuration file: integrations `pod`, `batch/job` and `deployment`; Topology-Aware Scheduling
   is on by default in this release; the visibility server off (it needs an aggregated API).
 - Its CRDs are the module's own bases (`$PEERS_DIR/share/kueue/crds`, v1beta2 stored).
