@@ -529,7 +529,7 @@ def test_a_replica_whose_admission_port_is_full_goes_unready_and_leaves_the_serv
             status, body = _get(cp, ip, PROBE_PORT, "/readyz", ctx)
             return status == 503 and "have a request in flight" in body
 
-        assert _routed(cp, ip) and _in_endpoint_slice(cp, ip)
+        wait_for(lambda: _in_endpoint_slice(cp, ip) and _routed(cp, ip), 30, f"{name} routed", cp)
         start = time.monotonic()
         with Flood(cp, ip, ctx, ADMISSION_CAP) as flood:
             wait_for(says_full, 30, f"{name}'s /readyz reporting its admission port full", cp)
