@@ -65,7 +65,7 @@ async def runai_view(certs: Path, state: Path, host: str, port: int, namespace: 
     from webhook.runtime import Runtime, ServeOptions
     from webhook.snapshot import RunaiProjectInfo
 
-    options = ServeOptions(host=host, port=port, certs=certs, state_dir=state, drain_seconds=0.0)
+    options = ServeOptions(host=host, port=port, certs=certs, state_dir=state, drain_seconds=0.0, linger_seconds=0.0)
     runtime = Runtime(options)
     await runtime.start()
     snapshot = runtime.state.snapshot()

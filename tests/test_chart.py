@@ -536,6 +536,9 @@ def test_settings_webhook_reaches_only_the_install_namespace(install_namespace: 
     expressions = " ".join(c["expression"] for c in hook["matchConditions"])
     assert f"'{SETTINGS_CONFIGMAP}'" in expressions
     assert "namespace-controller" in expressions
+    # An installer's DELETE is not sent (tests/test_chart_settings_webhook.py shows it on the apiserver).
+    skip = {c["name"]: c["expression"] for c in hook["matchConditions"]}["not-an-installers-delete"]
+    assert "request.operation == 'DELETE'" in skip and '["system:masters"]' in skip
 
 
 def test_namespace_webhook_selects_project_namespaces_by_object(rendered: list[dict[str, Any]]) -> None:

@@ -305,7 +305,13 @@ async def start_runtime(tmp_path: Path, certs_dir: Path, **options: Any) -> tupl
     state = tmp_path / "state"
     shutil.copytree(EXAMPLE_CLUSTER, state)
     serve = ServeOptions(
-        host=LOOPBACK, port=free_port(), certs=certs_dir, state_dir=state, drain_seconds=0.0, **options
+        host=LOOPBACK,
+        port=free_port(),
+        certs=certs_dir,
+        state_dir=state,
+        drain_seconds=0.0,
+        linger_seconds=0.0,
+        **options,
     )
     runtime = Runtime(serve)
     await runtime.start()

@@ -98,7 +98,9 @@ async def _serve(options: ServeOptions, certs: CertFiles, browser: Browser) -> S
 async def folder(tmp_path: Path, certs: CertFiles, browser: Browser) -> AsyncIterator[Served]:
     state = tmp_path / "state"
     shutil.copytree(EXAMPLES, state)
-    options = ServeOptions(host=LOOPBACK, port=free_port(), certs=certs.dir, state_dir=state, drain_seconds=0.0)
+    options = ServeOptions(
+        host=LOOPBACK, port=free_port(), certs=certs.dir, state_dir=state, drain_seconds=0.0, linger_seconds=0.0
+    )
     served = await _serve(options, certs, browser)
     await page_open(served.page, "/ui/")  # chromium up before the first check
     try:
@@ -252,7 +254,9 @@ async def test_folder_mode_answers_with_an_explanation_when_not_on_loopback(
     state = tmp_path / "state"
     shutil.copytree(EXAMPLES, state)
     # Listening on every address: nothing to check tokens with, so nothing is shown.
-    options = ServeOptions(host="0.0.0.0", port=free_port(), certs=certs.dir, state_dir=state, drain_seconds=0.0)
+    options = ServeOptions(
+        host="0.0.0.0", port=free_port(), certs=certs.dir, state_dir=state, drain_seconds=0.0, linger_seconds=0.0
+    )
     served = await _serve(options, certs, browser)
     try:
         await served.page.open("/ui/projects/churn")
@@ -330,6 +334,7 @@ async def cluster(tmp_path: Path, certs: CertFiles, browser: Browser, kube_scope
             runai_secret_dir=secret_dir,
             console_keys=console_keys,
             drain_seconds=0.0,
+            linger_seconds=0.0,
         )
         served = await _serve(options, certs, browser)
         served.extra.update(scope=scope, runai=runai, names=Names(alpha, busy, waiting, drifted, root, bob_token))

@@ -51,6 +51,7 @@ async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
             state_dir=state,
             installers=(INSTALLER,),
             drain_seconds=0.0,
+            linger_seconds=0.0,
         )
         runtime = Runtime(options)
         await runtime.start()

@@ -84,6 +84,9 @@ class ServeOptions:
     service_account: str = "scheduling-webhook"
     lease_name: str = "scheduling-webhook-leader"
     drain_seconds: float = 3.0  # time for endpoints to drop us before we stop accepting
+    # Then, at most this long: the apiserver closes the keep-alive connections it still holds to
+    # this replica (each answer now says "Connection: close"); only what is left is closed by us.
+    linger_seconds: float = 15.0
     shutdown_timeout: float = 20.0  # how long in-flight requests get to finish
     # One INFO line per request costs about as much as the decision itself; the apiserver's audit
     # log already records every admission. WEBHOOK_ACCESS_LOG=1 turns it on.
@@ -113,6 +116,7 @@ class ServeOptions:
             service_account=os.environ.get("SERVICE_ACCOUNT_NAME") or args.service_account,
             lease_name=os.environ.get("SCHEDULING_WEBHOOK_LEASE_NAME", "scheduling-webhook-leader"),
             drain_seconds=float(os.environ.get("WEBHOOK_DRAIN_SECONDS", "3")),
+            linger_seconds=float(os.environ.get("WEBHOOK_LINGER_SECONDS", "15")),
             connection_limits=ConnectionLimits(
                 max_connections=int(os.environ.get("WEBHOOK_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS)),
                 answer_timeout_s=float(os.environ.get("WEBHOOK_ANSWER_TIMEOUT_SECONDS", DEFAULT_ANSWER_TIMEOUT_S)),
@@ -189,6 +193,7 @@ class Runtime:
         self.aggregated_port: int | None = None  # where the aggregated API listens, once started
         self._aggregated: tuple[Any, Any] | None = None  # (GpuViews, mover) for the aggregated API
         self._listeners: list[Listener] = []
+        self._apiserver_listeners: list[Listener] = []  # the apiserver's pooled connections end here
         self._runners: list[web.AppRunner] = []  # of listeners beyond the main, admission and probe ones
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
@@ -286,6 +291,8 @@ class Runtime:
             )
         if options.aggregated_port is not None and self.api_client is not None and self._aggregated is not None:
             await self._start_aggregated(options.aggregated_port, plain.cert_file, plain.key_file)
+        if self.api_client is not None or separate:
+            self._apiserver_listeners.append(admitting)
         # Unready while the listener the apiserver calls refuses newcomers: the Service then sends
         # the apiserver to a replica that takes them (the probe port's /readyz says it too).
         self.app[SERVER_KEY].readiness.append(admitting.no_room)
@@ -363,6 +370,7 @@ class Runtime:
         )  # fmt: skip
         await listener.start()
         self._listeners.append(listener)
+        self._apiserver_listeners.append(listener)
         self.aggregated_port = listener.port
         log.info(
             "aggregated API %s on https://%s:%d (the apiserver's front-proxy certificate required%s)",
@@ -474,6 +482,18 @@ class Runtime:
         ]
         return cluster, routes
 
+    async def _linger(self) -> None:
+        """Let the apiserver close its own connections to this replica (Listener.begin_drain)."""
+        started = time.monotonic()
+        left = 0
+        for listener in self._apiserver_listeners:
+            remaining = self.options.linger_seconds - (time.monotonic() - started)
+            left += await listener.wait_connections_closed(max(0.0, remaining))
+        if left:
+            log.info(
+                "%d connection(s) still open after %.0f s of draining: closing them", left, self.options.linger_seconds
+            )
+
     async def shutdown(self) -> None:
         """Readiness goes false first, then in-flight requests finish, then the caches stop."""
         started = time.monotonic()
@@ -488,9 +508,13 @@ class Runtime:
                 self.options.shutdown_timeout,
             )
             self.app[SERVER_KEY].draining = True
+            for listener in self._listeners:
+                listener.begin_drain()
             await asyncio.sleep(self.options.drain_seconds)
         for listener in self._listeners:
             await listener.stop()
+        if draining:
+            await self._linger()
         if self.probe_runner is not None:
             await self.probe_runner.cleanup()
         if self.admission_runner is not None:

@@ -2,12 +2,14 @@
 and containerd (tests/support/control_plane/nodes.py), and admission goes through them.
 
 A control plane of its own for this module, with two real nodes beside the kwok nodes, although
-the session's has real nodes too: these tests drain and cordon a node, kill a replica, roll and
-roll back the release and rewrite its certificate, which the session's other tests must not see.
+the session's has real nodes too: these tests drain and cordon a node, kill a replica, fill one's
+connection slots (with a cap of 16), roll and roll back the release and rewrite its certificate,
+which the session's other tests must not see.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
 import json
@@ -15,6 +17,7 @@ import os
 import shutil
 import signal
 import ssl
+import subprocess
 import tempfile
 import threading
 import time
@@ -29,6 +32,7 @@ from cryptography import x509
 from tests.e2e.conftest import apply_priority_classes
 from tests.support import chart
 from tests.support.cluster import SCHEDULER
+from tests.support.control_plane.background import BackgroundLoop
 from tests.support.control_plane.cluster import ControlPlane, control_plane
 from tests.support.control_plane.install import (
     INSTALL_NS,
@@ -42,12 +46,16 @@ from tests.support.control_plane.install import (
     secret,
 )
 from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_LABEL, REAL_NODE_TAINT, image_archive
+from tests.support.reviews import pod_review
 from webhook.tls.issuing import CertKey, make_serving_cert
 
 pytestmark = pytest.mark.slow
 
 Obj = dict[str, Any]
 UID = 10001
+ADMISSION_PORT = 9443
+PROBE_PORT = 8444
+ADMISSION_CAP = 16
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +123,9 @@ def install(cp: ControlPlane) -> Obj:
         # Placed by the chart's own scheduling values, as an operator places it.
         "nodeSelector": {REAL_NODE_LABEL: "true"},
         "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
+        # A connection cap one test thread can fill (the default is 1,024): the readiness test
+        # holds every slot of one replica's admission port busy. The apiserver needs a few.
+        "extraEnv": [{"name": "WEBHOOK_MAX_CONNECTIONS", "value": str(ADMISSION_CAP)}],
     }
     cp.kubectl("create", "namespace", INSTALL_NS)
     cp.apply([secret(RUNAI_SECRET_NAME, INSTALL_NS, {"clientSecret": RUNAI_CLIENT_SECRET.encode()})])
@@ -195,6 +206,7 @@ class CreationLoop:
         self.created = 0
         self.successes: list[float] = []  # time.monotonic() of each creation
         self.refused: list[str] = []
+        self.refused_at: list[float] = []  # time.monotonic() of each refusal
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -211,6 +223,7 @@ class CreationLoop:
                 self.successes.append(time.monotonic())
             else:
                 self.refused.append(result.stderr.strip())
+                self.refused_at.append(time.monotonic())
 
     def __enter__(self) -> CreationLoop:
         self._thread.start()
@@ -230,10 +243,14 @@ def _project(cp: ControlPlane, name: str) -> str:
 def test_a_killed_container_is_restarted_by_the_kubelet_while_the_other_replica_serves(
     cp: ControlPlane, install: Obj
 ) -> None:
-    """The other replica admits pods while the killed one is down. What this cannot promise: until
-    the readiness probe fails (up to 2 x 5 s) the Service still sends new connections to the dead
-    replica's address, and the apiserver does not retry a refused connection, so a few creations
-    in that window may fail calling the webhook (never a denial); the test counts them."""
+    """The other replica admits pods while the killed one is down, and the kubelet restarts it.
+
+    What this cannot promise is no refusal. The readiness probe plays no part: the kubelet marks the
+    pod not Ready as soon as it sees the container gone (about a second), then the EndpointSlice
+    and kube-proxy follow. Until then kube-proxy still sends some new connections to the dead
+    address, where nothing listens, and the apiserver does not retry a webhook call whose
+    connection failed: a creation in that window can fail calling the webhook (never a denial).
+    The test counts them and times the window."""
     _wait_two_ready_on_real_nodes(cp)
     project = _project(cp, "real-nodes-kill")
     victim, other = _pods(cp)
@@ -243,18 +260,28 @@ def test_a_killed_container_is_restarted_by_the_kubelet_while_the_other_replica_
     def pod() -> Obj:
         return dict(cp.get_json("pod", name, "-n", INSTALL_NS))
 
+    ip = victim["status"]["podIP"]
     with CreationLoop(cp, project) as loop:
         time.sleep(2)
+        killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not _ready(pod()), 60, "the killed replica not Ready", cp)
         down = time.monotonic()
+        wait_for(lambda: not _routed(cp, ip), 30, "kube-proxy no longer routing to the killed replica", cp)
+        unrouted = time.monotonic()
         wait_for(lambda: pod()["status"]["containerStatuses"][0]["restartCount"] == 1 and _ready(pod()), 120,
                  "the killed container restarted by the kubelet and Ready", cp)  # fmt: skip
         up = time.monotonic()
         time.sleep(2)
     served = [t for t in loop.successes if down <= t <= up]
-    print(f"kill -9 of {name}: {loop.created} pods created ({len(served)} while it was not Ready), "
-          f"{len(loop.refused)} failed calling the webhook")  # fmt: skip
+    window = [t - killed for t in loop.refused_at]
+    tried = len([t for t in loop.successes if killed <= t <= unrouted]) + len(window)
+    print(
+        f"kill -9 of {name}: not Ready {down - killed:.1f} s after the kill, unrouted by kube-proxy after "
+        f"{unrouted - killed:.1f} s, Ready again after {up - killed:.1f} s; {loop.created} pods created "
+        f"({len(served)} while it was not Ready), {len(loop.refused)} failed calling the webhook "
+        f"(of {tried} tried before it was unrouted), at [{', '.join(f'{t:.1f}' for t in window)}] s after the kill"
+    )
     assert served, "no pod was admitted while the killed replica was down"
     assert all("failed calling webhook" in r and "denied" not in r for r in loop.refused), loop.refused[:3]
     assert pod()["status"]["containerStatuses"][0]["restartCount"] == 1
@@ -350,6 +377,193 @@ def test_a_renewed_certificate_reaches_both_replicas_through_the_secret_volume(c
     assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
     after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in _pods(cp)}
     assert after == restarts, "a replica was restarted or replaced"
+
+
+def _ca_pem(cp: ControlPlane) -> bytes:
+    return base64.b64decode(cp.get_json("secret", f"{TLS_SECRET}-ca", "-n", INSTALL_NS)["data"]["tls.crt"])
+
+
+def _tls_context(cp: ControlPlane, ca_pem: bytes) -> ssl.SSLContext:
+    """The apiserver's view: the chart's CA trusted, the webhook client certificate presented."""
+    assert cp.webhook_client is not None
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    ctx.load_cert_chain(cp.webhook_client.cert.cert_file, cp.webhook_client.cert.key_file)
+    return ctx
+
+
+def _get(cp: ControlPlane, ip: str, port: int, path: str, ctx: ssl.SSLContext) -> tuple[int, str]:
+    """One GET from inside the nodes' network namespace, on a connection of its own."""
+    assert cp.real is not None
+    sock = cp.real.ns.socket()
+    sock.settimeout(5)
+    sock.connect((ip, port))
+    with ctx.wrap_socket(sock, server_hostname=f"{SERVICE}.{INSTALL_NS}.svc") as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode()
+
+
+def _admission_connections(cp: ControlPlane, ip: str, ctx: ssl.SSLContext) -> int:
+    _status, text = _get(cp, ip, PROBE_PORT, "/metrics", ctx)
+    line = next(line for line in text.splitlines() if line.startswith('webhook_connections_open{listener="admission"}'))
+    return int(float(line.split()[-1]))
+
+
+def _routed(cp: ControlPlane, ip: str) -> bool:
+    """Whether kube-proxy sends the admission port of the Service to `ip` (its DNAT rules in the
+    nodes' namespace): the data path the apiserver's connections take."""
+    assert cp.real is not None
+    rules = subprocess.run(cp.real.ns.argv(["iptables-save", "-t", "nat"]), capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    return f"--to-destination {ip}:{ADMISSION_PORT}" in rules
+
+
+def _in_endpoint_slice(cp: ControlPlane, ip: str) -> bool:
+    slices = cp.get_json("endpointslices", "-n", INSTALL_NS, "-l", f"kubernetes.io/service-name={SERVICE}")["items"]
+    return any(e["conditions"].get("ready") and ip in e["addresses"] for s in slices for e in s.get("endpoints") or [])
+
+
+class Flood:
+    """`connections` TLS connections to one replica's admission port, each keeping `depth` reviews
+    sent ahead of their answers (within the server's pipelining bound) until stopped: each
+    connection then always has a request in flight, as under more reviews than the replica can
+    answer. A connection the replica refuses or closes is dialled again."""
+
+    def __init__(self, cp: ControlPlane, ip: str, ctx: ssl.SSLContext, connections: int, depth: int = 3) -> None:
+        self.cp, self.ip, self.ctx, self.connections, self.depth = cp, ip, ctx, connections, depth
+        body = json.dumps(pod_review("flood-not-a-project", dry_run=True)).encode()
+        self.request = (
+            f"POST /validate/pods HTTP/1.1\r\nHost: {SERVICE}.{INSTALL_NS}.svc\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.answered = 0
+        self.refused = 0  # connections refused or closed by the replica
+        self.statuses: set[int] = set()
+        self._stop = asyncio.Event()
+        self._loop = BackgroundLoop()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _start(self) -> None:
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.connections)]
+
+    async def _worker(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._one_connection()
+            except (OSError, TimeoutError, asyncio.IncompleteReadError):
+                self.refused += 1
+                await asyncio.sleep(0.05)
+
+    async def _one_connection(self) -> None:
+        assert self.cp.real is not None
+        sock = self.cp.real.ns.socket()
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (self.ip, ADMISSION_PORT)), 5)
+        except BaseException:
+            sock.close()
+            raise
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(sock=sock, ssl=self.ctx, server_hostname=f"{SERVICE}.{INSTALL_NS}.svc"), 5
+        )
+        try:
+            writer.write(self.request * self.depth)
+            while not self._stop.is_set():
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                lines = head.decode("latin-1").split("\r\n")
+                length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length:")), None)
+                if length is None:
+                    raise ConnectionError(f"an answer without Content-Length: {lines[0]}")
+                await reader.readexactly(length)
+                self.statuses.add(int(lines[0].split(" ", 2)[1]))
+                self.answered += 1
+                writer.write(self.request)
+        finally:
+            writer.close()
+
+    async def _end(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def __enter__(self) -> Flood:
+        self._loop.run(self._start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._loop.run(self._end())
+        finally:
+            self._loop.close()
+
+
+def test_a_replica_whose_admission_port_is_full_goes_unready_and_leaves_the_service(
+    cp: ControlPlane, install: Obj
+) -> None:
+    """Every connection slot of one replica's admission port holds a request in flight: its
+    /readyz says so, the kubelet's real readiness probe marks the pod not Ready, the EndpointSlice
+    and kube-proxy drop its address, and the pods created meanwhile are admitted by the other
+    replica. When the load ends it is Ready and routed again, never restarted.
+
+    The replica loaded is one the apiserver holds no keep-alive connection to: the apiserver
+    reuses its connections, so its reviews keep going to the other replica. A connection it
+    dialled to the full replica before the probe failed would be refused at accept (the server
+    sheds newcomers it has no room for), and that review would fail: readiness bounds that
+    window, it cannot close it."""
+    _wait_two_ready_on_real_nodes(cp)
+    project = _project(cp, "real-nodes-full")
+    ctx = _tls_context(cp, _ca_pem(cp))
+    with CreationLoop(cp, project) as loop:
+        time.sleep(3)
+        pods = _pods(cp)
+        held = {p["metadata"]["name"]: _admission_connections(cp, p["status"]["podIP"], ctx) for p in pods}
+        victim = min(pods, key=lambda p: held[p["metadata"]["name"]])
+        name, ip = victim["metadata"]["name"], victim["status"]["podIP"]
+        restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+
+        def pod() -> Obj:
+            return dict(cp.get_json("pod", name, "-n", INSTALL_NS))
+
+        def says_full() -> bool:
+            status, body = _get(cp, ip, PROBE_PORT, "/readyz", ctx)
+            return status == 503 and "have a request in flight" in body
+
+        wait_for(lambda: _in_endpoint_slice(cp, ip) and _routed(cp, ip), 30, f"{name} routed", cp)
+        start = time.monotonic()
+        with Flood(cp, ip, ctx, ADMISSION_CAP) as flood:
+            wait_for(says_full, 30, f"{name}'s /readyz reporting its admission port full", cp)
+            full = time.monotonic()
+            wait_for(lambda: not _ready(pod()), 60, f"{name} not Ready by its readiness probe", cp)
+            unready = time.monotonic()
+            wait_for(lambda: not _in_endpoint_slice(cp, ip), 30, f"{name} out of the EndpointSlice", cp)
+            dropped = time.monotonic()
+            wait_for(lambda: not _routed(cp, ip), 30, f"kube-proxy no longer routing to {name}", cp)
+            unrouted = time.monotonic()
+            assert says_full(), "the load ended before the replica left the Service"
+            time.sleep(3)  # pods still being created, by the other replica alone
+        ended = time.monotonic()
+        answered = flood.answered
+        wait_for(lambda: _ready(pod()), 60, f"{name} Ready again", cp)
+        ready = time.monotonic()
+        wait_for(lambda: _in_endpoint_slice(cp, ip) and _routed(cp, ip), 30, f"{name} routed again", cp)
+        time.sleep(2)
+    served = [t for t in loop.successes if unready <= t <= ready]
+    print(
+        f"admission port of {name} full ({held} apiserver connections before): /readyz false after "
+        f"{full - start:.1f} s, pod not Ready after {unready - start:.1f} s, out of the EndpointSlice after "
+        f"{dropped - start:.1f} s, unrouted after {unrouted - start:.1f} s, Ready again {ready - ended:.1f} s "
+        f"after the load ended; {answered} flood reviews answered "
+        f"({sorted(flood.statuses)}), {flood.refused} flood connections refused or closed; "
+        f"{loop.created} pods created ({len(served)} while it was not Ready), {len(loop.refused)} refused"
+    )
+    assert served, "no pod was admitted while the replica was not Ready"
+    assert loop.created > 0 and loop.refused == [], (loop.created, loop.refused[:3])
+    assert pod()["status"]["containerStatuses"][0]["restartCount"] == restarts, "the liveness probe restarted it"
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):

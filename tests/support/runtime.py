@@ -53,6 +53,7 @@ async def start_runtime(
         port=free_port(),
         certs=certs.dir,
         drain_seconds=0.0,
+        linger_seconds=0.0,
         **{**where, **options},
     )
     runtime = Runtime(serve)

@@ -26,6 +26,9 @@ listener bounds each phase of a connection's life and how many there are:
   SetTransportDefaults): it closes connections idle for 90 s itself. Closing later than that
   means the client always closes first, so a review is never sent on a connection the server is
   closing at that very moment (the apiserver would see a reset and fail the admission);
+- while the server stops (`begin_drain`), every answer says "Connection: close", and the server
+  waits for its clients to close their connections before it closes what is left, for the same
+  reason;
 - at most `max_connections` at once (handshakes in progress included). At the cap a new
   connection makes room: the oldest connection that never completed a request or does not read
   its answers is closed (then, if none, the longest idle), never one with a request in flight
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+import contextlib
 import fcntl
 import logging
 import math
@@ -363,6 +367,11 @@ class BoundedRequestHandler(RequestHandler):
     async def finish_response(
         self, request: Any, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        if self._listener.draining:
+            # "Connection: close" on the answer: the client stops using this connection when it
+            # reads it, so this server never has to close a keep-alive connection under a client
+            # that may be sending on it (see Listener.begin_drain).
+            resp.force_close()
         self._answering = True
         self._expect_answer_taken()
         try:
@@ -571,6 +580,8 @@ class Listener:
         self.limits = limits
         self.name = name
         self.server: asyncio.Server | None = None
+        self.draining = False  # answers close their connection (begin_drain)
+        self._emptied: asyncio.Event | None = None  # set when the last connection ends, while awaited
         # From accept (handshakes included) until lost.
         self._table: ConnectionTable[BoundedRequestHandler] = ConnectionTable(
             served_batch=max(1, limits.max_connections // 64)
@@ -599,6 +610,24 @@ class Listener:
         )
         if self.port == 0:
             self.port = self.server.sockets[0].getsockname()[1]
+
+    def begin_drain(self) -> None:
+        """From now on every answer says "Connection: close".
+
+        HTTP/1.1 has no safe way for a server to close an idle keep-alive connection: a client
+        may be sending a request on it at that moment, and the kube-apiserver's Go client does not
+        resend a POST that met the close (the admission fails with "EOF"). Only the client can
+        close one safely, after an answer that says so, or by its own idle timeout."""
+        self.draining = True
+
+    async def wait_connections_closed(self, within: float) -> int:
+        """Until every connection is closed (by its client, after an answer of the drain) or
+        `within` seconds pass; the number still open."""
+        if self._table:
+            self._emptied = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), within)
+        return len(self._table)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -666,3 +695,5 @@ class Listener:
     def _lost(self, handler: BoundedRequestHandler) -> None:
         self._table.discard(handler)
         self._gauge.set(len(self._table))
+        if not self._table and self._emptied is not None:
+            self._emptied.set()

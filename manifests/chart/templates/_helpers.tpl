@@ -36,6 +36,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
   value: {{ join "," .Values.podGroupers | quote }}
 {{- end -}}
 
+{{/* CEL, true when the request's caller is one of the installers: the same reading of the
+`installers` value as the server's (trimmed; `group:NAME` a group, anything else a user name).
+JSON string lists are CEL list literals. A request may carry no groups at all. */}}
+{{- define "sw.installerCaller" -}}
+{{- $users := list -}}
+{{- $groups := list -}}
+{{- range .Values.installers -}}
+{{- $i := trim . -}}
+{{- if hasPrefix "group:" $i -}}
+{{- $groups = append $groups (trimPrefix "group:" $i) -}}
+{{- else if $i -}}
+{{- $users = append $users $i -}}
+{{- end -}}
+{{- end -}}
+{{- $terms := list -}}
+{{- if $users -}}
+{{- $terms = append $terms (printf "request.userInfo.username in %s" (toJson $users)) -}}
+{{- end -}}
+{{- if $groups -}}
+{{- $terms = append $terms (printf "(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in %s))" (toJson $groups)) -}}
+{{- end -}}
+{{- if $terms -}}{{ join " || " $terms }}{{- else -}}false{{- end -}}
+{{- end -}}
+
 {{/* "true" when Kueue is on: this chart's kueue_installed, or the umbrella chart's switch. */}}
 {{- define "sw.kueueOn" -}}
 {{- $hopsworks := index (.Values.global | default dict) "_hopsworks" | default dict -}}
