@@ -678,11 +678,15 @@ def test_rbac_has_no_wildcards_and_no_secrets(rendered: list[dict[str, Any]]) ->
                 assert "*" not in rule[field], (kind, rule)
             assert "secrets" not in rule["resources"], "the secrets arrive as mounted files"
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
-            # The only delete: the install namespace's own GPU reservation ConfigMaps (swept by the
-            # leader once their namespace is gone). The admin ClusterRole for users deletes
+            # The only deletes: the install namespace's own GPU reservation ConfigMaps (swept by the
+            # leader once their namespace is gone), and cluster-wide only the compiled admission
+            # policies' objects, by their names. The admin ClusterRole for users deletes
             # departments of the aggregated API, which is a department delete, not an object's.
             if "delete" in rule["verbs"] and rule["apiGroups"] != ["scheduling.hopsworks.ai"]:
-                assert (kind, rule["resources"]) == ("Role", ["configmaps"]), rule
+                assert (kind, rule["resources"]) == ("Role", ["configmaps"]) or (
+                    kind == "ClusterRole"
+                    and rule.get("resourceNames") in (["scheduling-webhook-policy"], ["scheduling-webhook-pods"])
+                ), rule
             assert not rule.get("nonResourceURLs")
 
 
@@ -709,6 +713,13 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
     assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
+    # The compiled admission policies: their parameter ConfigMaps and the policies, by name only.
+    for verb in ("create", "patch", "delete", "list", "watch"):
+        assert allows(cluster, "", "configmaps", verb, "scheduling-webhook-policy"), verb
+        assert not allows(cluster, "", "configmaps", verb, "settings"), verb
+    for resource in ("mutatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        assert allows(cluster, "admissionregistration.k8s.io", resource, "patch", "scheduling-webhook-pods")
+        assert not allows(cluster, "admissionregistration.k8s.io", resource, "patch", "another-policy")
 
     role = [r for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] != "default" for r in o["rules"]]
     lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
@@ -1028,12 +1039,16 @@ def test_network_policy_refuses_values_that_would_lock_out_the_apiserver(
 def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None:
     objects = render({**given_ca(ca_bundle), "createNamespace": True}, "platform")
     policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    assert len(policies) == 2
+    assert len(policies) == 3
+    own = "system:serviceaccount:platform:scheduling-webhook"
     for policy in policies:
+        if policy["metadata"]["name"] == "hopsworks-scheduling-webhook-policy-params":
+            # Everyone's writes of the parameters are checked; only the server's pass.
+            (check, *_) = policy["spec"]["validations"]
+            assert f"request.userInfo.username == '{own}'" in check["expression"]
+            continue
         (condition,) = policy["spec"]["matchConditions"]
-        assert condition["expression"] == (
-            "request.userInfo.username == 'system:serviceaccount:platform:scheduling-webhook'"
-        )
+        assert condition["expression"] == f"request.userInfo.username == '{own}'"
     bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert set(bindings) == {p["metadata"]["name"] for p in policies}
     own = bindings["hopsworks-scheduling-webhook-own-objects"]["spec"]["matchResources"]["namespaceSelector"]
@@ -1251,3 +1266,15 @@ def test_the_values_reference_is_generated_from_the_schema() -> None:
     del schema["properties"]["image"]["properties"]["tag"]["description"]
     with pytest.raises(ValueError, match=re.escape("image.tag has no description")):
         values_reference.reference(schema, values)
+
+
+def test_admission_policies_off_drops_their_rbac_and_the_parameters_policy(ca_bundle: str) -> None:
+    objects = render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}})
+    cluster = rules_of(objects, "ClusterRole")
+    assert not allows(cluster, "", "configmaps", "create", "scheduling-webhook-policy")
+    assert not allows(
+        cluster, "admissionregistration.k8s.io", "mutatingadmissionpolicies", "patch", "scheduling-webhook-pods"
+    )
+    names = {o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")}
+    assert "hopsworks-scheduling-webhook-policy-params" not in names
+    assert "hopsworks-scheduling-webhook-own-objects" in names
