@@ -137,11 +137,12 @@ def test_the_leader_writes_the_policies_and_the_parameters_of_every_project() ->
     assert _kinds_and_namespaces(desired_objects(snap, "v1"))[4:] == [("ConfigMap", "churn"), ("ConfigMap", "fraud")]
 
 
-def test_with_runai_an_unbound_project_gets_no_parameters_so_its_pods_are_denied() -> None:
+def test_with_runai_an_unbound_projects_pods_are_left_to_the_webhook_which_binds_it() -> None:
     snap = snapshot(namespaces=[namespace("churn"), BOUND], run_ai_enable=True)
     objects = desired_objects(snap, "v1")
-    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound")]
-    assert objects[4]["data"]["runaiQueue"] == "bound"
+    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound"), ("ConfigMap", "churn")]
+    assert objects[4]["data"]["runaiQueue"] == "bound" and objects[4]["data"]["compiled"] == "true"
+    assert objects[5]["data"]["compiled"] == "false"
 
 
 def test_the_parameters_name_the_clusters_global_default_class() -> None:

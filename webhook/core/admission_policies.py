@@ -309,8 +309,10 @@ def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None)
     the parameters of every project namespace whose pods they may take. None for the version (the
     apiserver serves no MutatingAdmissionPolicy): nothing, the webhook decides every pod.
 
-    With Run:ai on, a namespace not bound yet gets no parameters: its pods are denied by the
-    bindings until the webhook has bound it (R2)."""
+    With Run:ai on, a namespace not bound yet gets parameters that leave its pods to the webhook
+    (`compiled` false): the webhook binds it on its first pod (R2). Without parameters the
+    bindings would deny that pod before any webhook is called, and the namespace would wait for
+    the leader's next reconcile pass."""
     if mutating_api_version is None:
         return []
     settings = snapshot.settings
@@ -318,7 +320,10 @@ def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None)
     objects = policy_objects(mutating_api_version)
     for name in sorted(snapshot.namespaces):
         record = snapshot.namespaces[name]
-        if PROJECT_LABEL not in record.labels or (settings.run_ai_enable and record.runai_queue is None):
+        if PROJECT_LABEL not in record.labels:
             continue
-        objects.append(params_config_map(name, policy_params(namespace_plan(record, snapshot), global_default)))
+        params = policy_params(namespace_plan(record, snapshot), global_default)
+        if settings.run_ai_enable and record.runai_queue is None:
+            params["compiled"] = "false"
+        objects.append(params_config_map(name, params))
     return objects

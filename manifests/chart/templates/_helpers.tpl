@@ -34,6 +34,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 # G5: who may name a pod's PodGroup (KAI's pod grouper); same form as the installers.
 - name: SCHEDULING_WEBHOOK_POD_GROUPERS
   value: {{ join "," .Values.podGroupers | quote }}
+# admissionPolicies.enabled: the leader writes the compiled admission policies, or (false)
+# deletes what an enabled install wrote.
+- name: SCHEDULING_WEBHOOK_ADMISSION_POLICIES
+  value: {{ .Values.admissionPolicies.enabled | quote }}
 {{- end -}}
 
 {{/* "true" when Kueue is on: this chart's kueue_installed, or the umbrella chart's switch. */}}
