@@ -23,6 +23,8 @@ from tests.support.cluster import SCHEDULER
 from tests.support.kube_scope import KubeScope, eventually
 from tests.support.runtime import start_runtime
 from webhook.core.admission_policies import GROUP, PARAMS_NAME, POLICY_NAME
+from webhook.kube.api import KubeApi
+from webhook.snapshot import ADMISSION_POLICIES_LABEL
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +67,21 @@ async def policies_cleared(kube_scope: KubeScope) -> AsyncIterator[KubeScope]:
                         raise
 
 
+async def not_(check: Any) -> bool:
+    return not await check
+
+
+async def _refused(scope: KubeScope, ns: str) -> str | None:
+    """A plain pod's refusal message; None when it was admitted (and is deleted again)."""
+    pod = _pod(ns, f"closed-{time.monotonic_ns()}")
+    try:
+        await scope.create(pod)
+    except ApiException as exc:
+        return str(json.loads(exc.body).get("message", ""))
+    await scope.delete("v1", "Pod", pod["metadata"]["name"], ns)
+    return None
+
+
 class Creator:
     """Creates pods one after another in a namespace, recording (sent, class or refusal)."""
 
@@ -78,7 +95,7 @@ class Creator:
     async def create_one(self) -> str:
         sent = time.monotonic()
         try:
-            stored = await self.scope.create(_pod(self.ns, f"p{len(self.created)}"))
+            stored = await self.scope.create(_pod(self.ns, f"p{time.monotonic_ns()}"))
             outcome = str(stored["spec"].get("priorityClassName"))
         except ApiException as exc:
             outcome = "refused: " + str(json.loads(exc.body).get("message", ""))
@@ -165,15 +182,29 @@ async def test_the_leader_keeps_the_policies_in_step_with_settings_and_projects(
             took = await creator.until(lambda c: c == "urgent", written)
             figures.append(f"project annotation (its own default class), from the patch's answer: {took}")
 
-        # A new project: refused, naming the missing parameters, until the leader has written them.
+        # A new project: its pods are left alone (here: no webhook) until the leader has written its
+        # parameters and labelled it for the bindings; never refused for want of parameters.
         fresh = await scope.namespace("fresh")
         created = time.monotonic()
         newcomer = Creator(scope, fresh)
         async with newcomer:
             took = await newcomer.until(lambda c: c == "batch", created, within_s=60)  # the settings' default now
-        refusals = [c for c in newcomer.after(created) if c.startswith("refused")]
-        assert all(PARAMS_NAME in c or "no params found" in c for c in refusals), refusals
-        figures.append(f"new project, from the namespace's creation: {took} ({len(refusals)} refused)")
+        outcomes = newcomer.after(created)
+        assert not [c for c in outcomes if c.startswith("refused")], outcomes
+        assert (await scope.get("v1", "Namespace", fresh) or {})["metadata"]["labels"][ADMISSION_POLICIES_LABEL] == "on"
+        figures.append(f"new project, from the namespace's creation: {took}")
+
+        # Settings under which the webhook adds to a plain pod (the priority class subset in warn
+        # mode: its warning): the projects lose the label first, and the policies leave their pods.
+        async def labelled(ns: str) -> bool:
+            found = await scope.get("v1", "Namespace", ns)
+            return (found or {})["metadata"].get("labels", {}).get(ADMISSION_POLICIES_LABEL) == "on"
+
+        await scope.settings(scheduler=changed, priority_class_enforcement="warn")
+        await eventually(lambda: not_(labelled(churn)), within_s=10, message="still labelled in warn mode")
+        assert await Creator(scope, churn).create_one() == "None"  # no webhook here to decide
+        await scope.settings(scheduler=changed)
+        await eventually(lambda: labelled(churn), within_s=10, message="not labelled again")
 
         # A namespace that stops being a project loses its parameters.
         await scope.patch("v1", "Namespace", fresh, {"metadata": {"labels": {"hopsworks.ai/project": None}}})
@@ -190,6 +221,17 @@ async def test_the_leader_keeps_the_policies_in_step_with_settings_and_projects(
         await eventually(lambda: scope.get("v1", "ConfigMap", PARAMS_NAME, churn), within_s=10)
     finally:
         await runtime.shutdown()
+
+    # Fail closed: with the server stopped, a project whose parameters went missing refuses a
+    # plain pod, and the refusal names the cause.
+    api = await scope.webhook_api_client()
+    try:
+        await KubeApi(api, scope.install_ns).delete_object("ConfigMap", PARAMS_NAME, churn)
+    finally:
+        await api.close()
+    outcome = await eventually(lambda: _refused(scope, churn), within_s=10, message="a pod admitted without parameters")
+    assert "no params found" in outcome and "Deny" in outcome, outcome
+    figures.append(f"parameters missing, server down: {outcome}")
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         for line in figures:

@@ -20,7 +20,9 @@ from typing import Any
 
 from webhook.core.enforcement import PRIORITY_CLASS, warns
 from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
+from webhook.settings import ClusterSettings
 from webhook.snapshot import (
+    ADMISSION_POLICIES_LABEL,
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
     MIRROR_POD_ANNOTATION,
@@ -28,6 +30,7 @@ from webhook.snapshot import (
     PROJECT_LABEL,
     RUNAI_QUEUE_LABEL,
     ClusterSnapshot,
+    NamespaceInfo,
     PriorityClassInfo,
 )
 
@@ -212,6 +215,25 @@ def _match_constraints() -> dict[str, Any]:
     }
 
 
+# The value of ADMISSION_POLICIES_LABEL on a namespace whose parameters the leader has written.
+POLICIES_ON = "on"
+
+
+def _binding_match() -> dict[str, Any]:
+    """Project namespaces the leader has labelled after writing their parameters: a new project's
+    pods are left to the webhook until then, never refused for want of parameters. A labelled
+    namespace whose parameters are missing is refused (parameterNotFoundAction Deny)."""
+    return {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": PROJECT_LABEL, "operator": "Exists"},
+                {"key": ADMISSION_POLICIES_LABEL, "operator": "In", "values": [POLICIES_ON]},
+            ]
+        },
+        "resourceRules": _match_constraints()["resourceRules"],
+    }
+
+
 def _binding(kind: str, api_version: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{api_version}",
@@ -221,7 +243,7 @@ def _binding(kind: str, api_version: str) -> dict[str, Any]:
             "policyName": POLICY_NAME,
             # No namespace: the ConfigMap of the pod's own namespace. Missing parameters deny.
             "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"},
-            "matchResources": _match_constraints(),
+            "matchResources": _binding_match(),
             **({"validationActions": ["Deny"]} if kind == "ValidatingAdmissionPolicy" else {}),
         },
     }
@@ -293,6 +315,20 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
         validating,
         _binding("ValidatingAdmissionPolicy", validating_api_version),
     ]
+
+
+def decided_by_policies(record: NamespaceInfo, settings: ClusterSettings) -> bool:
+    """Whether the policies decide every plain pod of this namespace by themselves: the leader then
+    labels it for the bindings (ADMISSION_POLICIES_LABEL), which is what the webhooks' selectors
+    can read. Not with Run:ai on (the `kai.scheduler/preemptibility` label, the binding on a first
+    pod and R2's checks are the webhook's), nor with Kueue on (S4's queue label), nor with the
+    priority class subset in warn mode (the warning and its count are the webhook's)."""
+    return (
+        record.is_project
+        and not settings.run_ai_enable
+        and not settings.kueue_installed
+        and not warns(settings, PRIORITY_CLASS)
+    )
 
 
 def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:

@@ -27,8 +27,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME, desired_objects
-from webhook.kube.api import KubeApi, KubeError, Obj
+from webhook.core.admission_policies import (
+    PARAMS_NAME,
+    POLICIES_ON,
+    POLICY_NAME,
+    decided_by_policies,
+    desired_objects,
+)
+from webhook.kube.api import KubeApi, KubeError, KubeNotFound, Obj
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, ClusterSnapshot
 from webhook.state.store import ClusterState
 from webhook.tasks import wait_for_event
 
@@ -104,7 +111,8 @@ class PolicyWriter:
                         self._resync_due = False
                         await self._read_back()
                         next_resync = now + self.resync_s
-                    await self._write(desired_objects(self.state.snapshot(), version))
+                    snapshot = self.state.snapshot()
+                    await self._write(desired_objects(snapshot, version), snapshot)
                     self.passes += 1
                     backoff = 1.0
                 except (KubeError, OSError, TimeoutError) as exc:
@@ -153,12 +161,24 @@ class PolicyWriter:
             stored = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": stored_meta, "data": obj.get("data") or {}}
             self._written[_key(stored)] = _content(stored)
 
-    async def _write(self, desired: list[Obj]) -> None:
+    async def _write(self, desired: list[Obj], snapshot: ClusterSnapshot) -> None:
+        """Namespaces the policies no longer decide lose the label first (the webhooks take their
+        pods back before anything else changes), then the objects are applied, then namespaces the
+        policies now decide, whose parameters exist, get it."""
+        settings = snapshot.settings
+        labelled = {
+            name: record
+            for name, record in snapshot.namespaces.items()
+            if record.labels.get(ADMISSION_POLICIES_LABEL) == POLICIES_ON
+        }
+        for name, record in labelled.items():
+            if record.is_project and not decided_by_policies(record, settings):
+                await self._label(name, None)
         wanted = {_key(o): o for o in desired}
         params = [o for o in desired if o["kind"] == "ConfigMap"]
         others = [o for o in desired if o["kind"] != "ConfigMap"]
         changed = 0
-        for obj in params + others:  # parameters first: a binding without them denies
+        for obj in params + others:
             key = _key(obj)
             content = _content(obj)
             if self._written.get(key) == content:
@@ -166,6 +186,12 @@ class PolicyWriter:
             await self.kube.apply(obj, FIELD_MANAGER)
             self._written[key] = content
             changed += 1
+        # Only now may the bindings select the namespace: its parameters exist.
+        for obj in params:
+            name = obj["metadata"]["namespace"]
+            found = snapshot.namespaces.get(name)
+            if found is not None and name not in labelled and decided_by_policies(found, settings):
+                await self._label(name, POLICIES_ON)
         gone = [k for k in self._written if k not in wanted]
         for kind, namespace, name in gone:
             if kind == "ConfigMap":
@@ -174,8 +200,16 @@ class PolicyWriter:
         if changed or gone:
             log.info("admission policies: %d object(s) applied, %d parameter ConfigMap(s) deleted", changed, len(gone))
 
+    async def _label(self, namespace: str, value: str | None) -> None:
+        with contextlib.suppress(KubeNotFound):  # deleted meanwhile
+            await self.kube.patch_namespace(namespace, {"metadata": {"labels": {ADMISSION_POLICIES_LABEL: value}}})
+
     async def _remove_all(self) -> None:
-        """What an enabled install wrote, taken back: bindings, policies, then the parameters."""
+        """What an enabled install wrote, taken back: the namespaces' label first (the webhooks
+        take their pods back), then bindings, policies and the parameters."""
+        for record in list(self.state.snapshot().namespaces.values()):
+            if ADMISSION_POLICIES_LABEL in record.labels and record.is_project:
+                await self._label(record.name, None)
         for kind in (*_BINDINGS, *_POLICIES):
             with contextlib.suppress(KubeError):  # 403: RBAC no longer grants them, nothing was written
                 await self.kube.delete_object(kind, POLICY_NAME)
