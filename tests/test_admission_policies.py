@@ -167,8 +167,15 @@ def test_the_policies_decide_a_projects_plain_pods_only_where_the_webhook_adds_n
     settings: dict[str, Any], decided: bool
 ) -> None:
     snap = snapshot(namespaces=[namespace("churn"), namespace("plain", project=False)], **settings)
-    assert decided_by_policies(snap.namespaces["churn"], snap.settings) is decided
-    assert decided_by_policies(snap.namespaces["plain"], snap.settings) is False
+    assert decided_by_policies(snap.namespaces["churn"], snap) is decided
+    assert decided_by_policies(snap.namespaces["plain"], snap) is False
+
+
+def test_a_project_whose_annotations_cannot_be_read_is_left_to_the_webhook_which_warns() -> None:
+    broken = namespace("broken", annotations={"scheduling.hopsworks.ai/available": "{not json"})
+    snap = snapshot(namespaces=[broken])
+    assert snap is not None and make_plan(snap.namespaces["broken"], snap).offer.notes
+    assert decided_by_policies(snap.namespaces["broken"], snap) is False
 
 
 def test_the_bindings_select_only_namespaces_the_leader_labelled() -> None:

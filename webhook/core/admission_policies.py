@@ -20,7 +20,6 @@ from typing import Any
 
 from webhook.core.enforcement import PRIORITY_CLASS, warns
 from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
-from webhook.settings import ClusterSettings
 from webhook.snapshot import (
     ADMISSION_POLICIES_LABEL,
     AFFINITY_ANNOTATION,
@@ -317,18 +316,18 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
     ]
 
 
-def decided_by_policies(record: NamespaceInfo, settings: ClusterSettings) -> bool:
+def decided_by_policies(record: NamespaceInfo, snapshot: ClusterSnapshot) -> bool:
     """Whether the policies decide every plain pod of this namespace by themselves: the leader then
     labels it for the bindings (ADMISSION_POLICIES_LABEL), which is what the webhooks' selectors
     can read. Not with Run:ai on (the `kai.scheduler/preemptibility` label, the binding on a first
     pod and R2's checks are the webhook's), nor with Kueue on (S4's queue label), nor with the
-    priority class subset in warn mode (the warning and its count are the webhook's)."""
-    return (
-        record.is_project
-        and not settings.run_ai_enable
-        and not settings.kueue_installed
-        and not warns(settings, PRIORITY_CLASS)
-    )
+    priority class subset in warn mode (the warning and its count are the webhook's), nor where
+    the project's annotations cannot be read (the webhook warns on every pod that they are
+    ignored)."""
+    settings = snapshot.settings
+    if not record.is_project or settings.run_ai_enable or settings.kueue_installed or warns(settings, PRIORITY_CLASS):
+        return False
+    return not namespace_plan(record, snapshot).offer.notes
 
 
 def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:

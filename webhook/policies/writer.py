@@ -165,14 +165,13 @@ class PolicyWriter:
         """Namespaces the policies no longer decide lose the label first (the webhooks take their
         pods back before anything else changes), then the objects are applied, then namespaces the
         policies now decide, whose parameters exist, get it."""
-        settings = snapshot.settings
         labelled = {
             name: record
             for name, record in snapshot.namespaces.items()
             if record.labels.get(ADMISSION_POLICIES_LABEL) == POLICIES_ON
         }
         for name, record in labelled.items():
-            if record.is_project and not decided_by_policies(record, settings):
+            if record.is_project and not decided_by_policies(record, snapshot):
                 await self._label(name, None)
         wanted = {_key(o): o for o in desired}
         params = [o for o in desired if o["kind"] == "ConfigMap"]
@@ -190,7 +189,7 @@ class PolicyWriter:
         for obj in params:
             name = obj["metadata"]["namespace"]
             found = snapshot.namespaces.get(name)
-            if found is not None and name not in labelled and decided_by_policies(found, settings):
+            if found is not None and name not in labelled and decided_by_policies(found, snapshot):
                 await self._label(name, POLICIES_ON)
         gone = [k for k in self._written if k not in wanted]
         for kind, namespace, name in gone:
