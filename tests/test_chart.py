@@ -150,13 +150,30 @@ def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> di
     return found[0]
 
 
+DECIDED_CONFIGURATIONS = ("0-hopsworks-scheduling-webhook-policies", "hopsworks-scheduling-webhook-policies")
+
+
 def webhooks(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every webhook by name, from the main configurations: the pod webhooks for the namespaces
+    the compiled admission policies decide have the same names, in configurations of their own
+    (`decided_hooks`)."""
     hooks = {}
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            if obj["metadata"]["name"] in DECIDED_CONFIGURATIONS:
+                continue
             for hook in obj["webhooks"]:
                 hooks[hook["name"]] = {**hook, "_configuration": obj}
     return hooks
+
+
+def decided_hooks(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        hook["name"]: hook
+        for obj in objects
+        if obj["kind"].endswith("WebhookConfiguration") and obj["metadata"]["name"] in DECIDED_CONFIGURATIONS
+        for hook in obj["webhooks"]
+    }
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -233,7 +250,8 @@ def test_the_manifest_files_hold_the_expected_objects_in_apply_order() -> None:
     kinds = [obj["kind"] for _, obj in file_objects()]
     assert kinds[0] == "Namespace"
     # Webhook configurations last: they point at a Service that must exist first.
-    assert set(kinds[-2:]) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    # Two of each: the second pair serves the namespaces the compiled admission policies decide.
+    assert kinds[-4:] == ["ValidatingWebhookConfiguration"] * 2 + ["MutatingWebhookConfiguration"] * 2
     for kind in ("ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "Deployment"):
         assert kind in kinds
     assert kinds.index("ServiceAccount") < kinds.index("Deployment")
@@ -439,7 +457,7 @@ def test_helm_refuses_a_system_namespace(namespace: str) -> None:
 
 
 def test_mutating_configuration_is_called_before_kueue_and_runai(rendered: list[dict[str, Any]]) -> None:
-    mutating = one(rendered, "MutatingWebhookConfiguration")
+    mutating = one(rendered, "MutatingWebhookConfiguration", "0-hopsworks-scheduling-webhook")
     # The apiserver calls mutating configurations in order of name (byte order).
     ordered = sorted([mutating["metadata"]["name"], *LATER_MUTATORS])
     assert ordered[0] == mutating["metadata"]["name"]
@@ -456,7 +474,9 @@ def test_webhook_names_sort_before_runai(rendered: list[dict[str, Any]]) -> None
     configurations = [o for o in rendered if o["kind"].endswith("WebhookConfiguration")]
     assert {o["kind"] for o in configurations} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     names = [o["metadata"]["name"] for o in configurations]
-    names += [h["name"] for h in one(rendered, "MutatingWebhookConfiguration")["webhooks"]]
+    names += [
+        h["name"] for h in one(rendered, "MutatingWebhookConfiguration", "0-hopsworks-scheduling-webhook")["webhooks"]
+    ]
     for name in names:
         assert name < "runai-", f"{name!r} sorts after Run:ai's webhooks (runai-*)"
 
@@ -1278,3 +1298,33 @@ def test_admission_policies_off_drops_their_rbac_and_the_parameters_policy(ca_bu
     names = {o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")}
     assert "hopsworks-scheduling-webhook-policy-params" not in names
     assert "hopsworks-scheduling-webhook-own-objects" in names
+
+
+def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: str) -> None:
+    """The leader labels a project the compiled policies decide; its pods reach the pod webhooks of
+    the second configurations, and only when they need outside state. The selectors never overlap."""
+    objects = render(given_ca(ca_bundle))
+    main, decided = webhooks(objects), decided_hooks(objects)
+    assert set(decided) == {"mutate-pods.scheduling.hopsworks.ai", "validate-pods.scheduling.hopsworks.ai"}
+    labelled = {"kubernetes.io/metadata.name": "team-a", "hopsworks.ai/project": "team-a",
+                "scheduling.hopsworks.ai/admission-policies": "on"}  # fmt: skip
+    plain = {k: v for k, v in labelled.items() if k != "scheduling.hopsworks.ai/admission-policies"}
+    for name, hook in decided.items():
+        first = main[name]
+        assert {k: v for k, v in hook.items() if k not in ("namespaceSelector", "matchConditions")} == {
+            k: v for k, v in first.items() if k not in ("namespaceSelector", "_configuration", "matchConditions")
+        }
+        assert selector_matches(hook["namespaceSelector"], labelled) and not selector_matches(
+            hook["namespaceSelector"], plain
+        )
+        assert selector_matches(first["namespaceSelector"], plain) and not selector_matches(
+            first["namespaceSelector"], labelled
+        )
+        assert not first.get("matchConditions")
+        (condition,) = hook["matchConditions"]
+        for needed in ("gpu", "kueue.x-k8s.io/", "runai", "kai.scheduler/", "scheduling.hopsworks.ai/"):
+            assert needed in condition["expression"], needed
+    off = render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}})
+    assert decided_hooks(off) == {}
+    configurations = [o for o in off if o["kind"].endswith("WebhookConfiguration")]
+    assert "scheduling.hopsworks.ai/admission-policies" not in json.dumps(configurations)
