@@ -54,6 +54,7 @@ from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, admi
 from tests.support.control_plane.install import INSTALL_NS, Install, installed
 from tests.support.control_plane.kai import QueueSync, kai_running, set_department_quota
 from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
+from webhook.snapshot import ADMISSION_POLICIES_LABEL
 from webhook.tls.issuing import make_ca, make_serving_cert, write_serving_files
 
 Obj = dict[str, Any]
@@ -314,6 +315,15 @@ class GoPeer:
         ours = next(w for o in product if o["kind"] == "MutatingWebhookConfiguration" for w in o["webhooks"]
                     if w["clientConfig"].get("service", {}).get("path") == "/mutate/pods")  # fmt: skip
         hook = {k: v for k, v in ours.items() if k not in ("clientConfig", "name")}
+        # Every project namespace, as the product's mutation was before the compiled policies took
+        # the ones they decide (the product's main configuration leaves those to its second one).
+        selector = hook.get("namespaceSelector") or {}
+        hook["namespaceSelector"] = {
+            **selector,
+            "matchExpressions": [
+                e for e in selector.get("matchExpressions") or () if e.get("key") != ADMISSION_POLICIES_LABEL
+            ],
+        }
         hook |= {"name": "mutate-pods.gopeer.bench", "sideEffects": "None",
                  "clientConfig": {"url": f"https://127.0.0.1:{self.port}/mutate/pods",
                                   "caBundle": base64.b64encode(self.ca_pem).decode()}}  # fmt: skip

@@ -12,6 +12,7 @@ from tests.support.cluster import namespace, snapshot
 from webhook.core.admission_policies import (
     PARAMS_NAME,
     POLICY_NAME,
+    decided_by_policies,
     desired_objects,
     encode_groups,
     params_config_map,
@@ -20,6 +21,7 @@ from webhook.core.admission_policies import (
     served_mutating_version,
 )
 from webhook.core.namespace_plan import make_plan
+from webhook.snapshot import ADMISSION_POLICIES_LABEL
 
 A100 = "nvidia.com/gpu.product=A100"
 ZONE = "topology.kubernetes.io/zone=eu-1a"
@@ -137,14 +139,47 @@ def test_the_leader_writes_the_policies_and_the_parameters_of_every_project() ->
     assert _kinds_and_namespaces(desired_objects(snap, "v1"))[4:] == [("ConfigMap", "churn"), ("ConfigMap", "fraud")]
 
 
-def test_with_runai_an_unbound_project_gets_no_parameters_so_its_pods_are_denied() -> None:
+def test_with_runai_an_unbound_projects_pods_are_left_to_the_webhook_which_binds_it() -> None:
     snap = snapshot(namespaces=[namespace("churn"), BOUND], run_ai_enable=True)
     objects = desired_objects(snap, "v1")
-    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound")]
-    assert objects[4]["data"]["runaiQueue"] == "bound"
+    assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound"), ("ConfigMap", "churn")]
+    assert objects[4]["data"]["runaiQueue"] == "bound" and objects[4]["data"]["compiled"] == "true"
+    assert objects[5]["data"]["compiled"] == "false"
 
 
 def test_the_parameters_name_the_clusters_global_default_class() -> None:
     classes = [("batch", 1000, "Never", False), ("normal", 10000, None, True), ("urgent", 100000, None, False)]
     snap = snapshot(namespaces=[namespace("churn")], priority_classes=classes)
     assert desired_objects(snap, "v1")[4]["data"]["globalDefaultClass"] == "normal"
+
+
+@pytest.mark.parametrize(
+    ("settings", "decided"),
+    [
+        ({}, True),
+        ({"run_ai_enable": True}, False),  # the preemptibility label, binding and R2 are the webhook's
+        ({"kueue_installed": True}, False),  # S4's queue label
+        ({"priority_class_enforcement": "warn"}, False),  # the warning and its count
+        ({"affinity_enforcement": "warn"}, True),  # a plain pod names no affinity label
+    ],
+)
+def test_the_policies_decide_a_projects_plain_pods_only_where_the_webhook_adds_nothing(
+    settings: dict[str, Any], decided: bool
+) -> None:
+    snap = snapshot(namespaces=[namespace("churn"), namespace("plain", project=False)], **settings)
+    assert decided_by_policies(snap.namespaces["churn"], snap) is decided
+    assert decided_by_policies(snap.namespaces["plain"], snap) is False
+
+
+def test_a_project_whose_annotations_cannot_be_read_is_left_to_the_webhook_which_warns() -> None:
+    broken = namespace("broken", annotations={"scheduling.hopsworks.ai/available": "{not json"})
+    snap = snapshot(namespaces=[broken])
+    assert snap is not None and make_plan(snap.namespaces["broken"], snap).offer.notes
+    assert decided_by_policies(snap.namespaces["broken"], snap) is False
+
+
+def test_the_bindings_select_only_namespaces_the_leader_labelled() -> None:
+    for binding in [o for o in policy_objects("v1") if o["kind"].endswith("Binding")]:
+        expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert {"key": ADMISSION_POLICIES_LABEL, "operator": "In", "values": ["on"]} in expressions
+        assert {"key": "hopsworks.ai/project", "operator": "Exists"} in expressions

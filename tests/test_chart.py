@@ -150,13 +150,30 @@ def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> di
     return found[0]
 
 
+DECIDED_CONFIGURATIONS = ("0-hopsworks-scheduling-webhook-policies", "hopsworks-scheduling-webhook-policies")
+
+
 def webhooks(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every webhook by name, from the main configurations: the pod webhooks for the namespaces
+    the compiled admission policies decide have the same names, in configurations of their own
+    (`decided_hooks`)."""
     hooks = {}
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            if obj["metadata"]["name"] in DECIDED_CONFIGURATIONS:
+                continue
             for hook in obj["webhooks"]:
                 hooks[hook["name"]] = {**hook, "_configuration": obj}
     return hooks
+
+
+def decided_hooks(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        hook["name"]: hook
+        for obj in objects
+        if obj["kind"].endswith("WebhookConfiguration") and obj["metadata"]["name"] in DECIDED_CONFIGURATIONS
+        for hook in obj["webhooks"]
+    }
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -233,7 +250,8 @@ def test_the_manifest_files_hold_the_expected_objects_in_apply_order() -> None:
     kinds = [obj["kind"] for _, obj in file_objects()]
     assert kinds[0] == "Namespace"
     # Webhook configurations last: they point at a Service that must exist first.
-    assert set(kinds[-2:]) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    # Two of each: the second pair serves the namespaces the compiled admission policies decide.
+    assert kinds[-4:] == ["ValidatingWebhookConfiguration"] * 2 + ["MutatingWebhookConfiguration"] * 2
     for kind in ("ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "Deployment"):
         assert kind in kinds
     assert kinds.index("ServiceAccount") < kinds.index("Deployment")
@@ -439,7 +457,7 @@ def test_helm_refuses_a_system_namespace(namespace: str) -> None:
 
 
 def test_mutating_configuration_is_called_before_kueue_and_runai(rendered: list[dict[str, Any]]) -> None:
-    mutating = one(rendered, "MutatingWebhookConfiguration")
+    mutating = one(rendered, "MutatingWebhookConfiguration", "0-hopsworks-scheduling-webhook")
     # The apiserver calls mutating configurations in order of name (byte order).
     ordered = sorted([mutating["metadata"]["name"], *LATER_MUTATORS])
     assert ordered[0] == mutating["metadata"]["name"]
@@ -456,7 +474,9 @@ def test_webhook_names_sort_before_runai(rendered: list[dict[str, Any]]) -> None
     configurations = [o for o in rendered if o["kind"].endswith("WebhookConfiguration")]
     assert {o["kind"] for o in configurations} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     names = [o["metadata"]["name"] for o in configurations]
-    names += [h["name"] for h in one(rendered, "MutatingWebhookConfiguration")["webhooks"]]
+    names += [
+        h["name"] for h in one(rendered, "MutatingWebhookConfiguration", "0-hopsworks-scheduling-webhook")["webhooks"]
+    ]
     for name in names:
         assert name < "runai-", f"{name!r} sorts after Run:ai's webhooks (runai-*)"
 
@@ -681,11 +701,15 @@ def test_rbac_has_no_wildcards_and_no_secrets(rendered: list[dict[str, Any]]) ->
                 assert "*" not in rule[field], (kind, rule)
             assert "secrets" not in rule["resources"], "the secrets arrive as mounted files"
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
-            # The only delete: the install namespace's own GPU reservation ConfigMaps (swept by the
-            # leader once their namespace is gone). The admin ClusterRole for users deletes
+            # The only deletes: the install namespace's own GPU reservation ConfigMaps (swept by the
+            # leader once their namespace is gone), and cluster-wide only the compiled admission
+            # policies' objects, by their names. The admin ClusterRole for users deletes
             # departments of the aggregated API, which is a department delete, not an object's.
             if "delete" in rule["verbs"] and rule["apiGroups"] != ["scheduling.hopsworks.ai"]:
-                assert (kind, rule["resources"]) == ("Role", ["configmaps"]), rule
+                assert (kind, rule["resources"]) == ("Role", ["configmaps"]) or (
+                    kind == "ClusterRole"
+                    and rule.get("resourceNames") in (["scheduling-webhook-policy"], ["scheduling-webhook-pods"])
+                ), rule
             assert not rule.get("nonResourceURLs")
 
 
@@ -712,6 +736,13 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
     assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
+    # The compiled admission policies: their parameter ConfigMaps and the policies, by name only.
+    for verb in ("create", "patch", "delete", "list", "watch"):
+        assert allows(cluster, "", "configmaps", verb, "scheduling-webhook-policy"), verb
+        assert not allows(cluster, "", "configmaps", verb, "settings"), verb
+    for resource in ("mutatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        assert allows(cluster, "admissionregistration.k8s.io", resource, "patch", "scheduling-webhook-pods")
+        assert not allows(cluster, "admissionregistration.k8s.io", resource, "patch", "another-policy")
 
     role = [r for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] != "default" for r in o["rules"]]
     lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
@@ -1031,12 +1062,16 @@ def test_network_policy_refuses_values_that_would_lock_out_the_apiserver(
 def test_admission_policies_follow_the_install_namespace(ca_bundle: str) -> None:
     objects = render({**given_ca(ca_bundle), "createNamespace": True}, "platform")
     policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-    assert len(policies) == 2
+    assert len(policies) == 3
+    own = "system:serviceaccount:platform:scheduling-webhook"
     for policy in policies:
+        if policy["metadata"]["name"] == "hopsworks-scheduling-webhook-policy-params":
+            # Everyone's writes of the parameters are checked; only the server's pass.
+            (check, *_) = policy["spec"]["validations"]
+            assert f"request.userInfo.username == '{own}'" in check["expression"]
+            continue
         (condition,) = policy["spec"]["matchConditions"]
-        assert condition["expression"] == (
-            "request.userInfo.username == 'system:serviceaccount:platform:scheduling-webhook'"
-        )
+        assert condition["expression"] == f"request.userInfo.username == '{own}'"
     bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert set(bindings) == {p["metadata"]["name"] for p in policies}
     own = bindings["hopsworks-scheduling-webhook-own-objects"]["spec"]["matchResources"]["namespaceSelector"]
@@ -1254,3 +1289,45 @@ def test_the_values_reference_is_generated_from_the_schema() -> None:
     del schema["properties"]["image"]["properties"]["tag"]["description"]
     with pytest.raises(ValueError, match=re.escape("image.tag has no description")):
         values_reference.reference(schema, values)
+
+
+def test_admission_policies_off_drops_their_rbac_and_the_parameters_policy(ca_bundle: str) -> None:
+    objects = render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}})
+    cluster = rules_of(objects, "ClusterRole")
+    assert not allows(cluster, "", "configmaps", "create", "scheduling-webhook-policy")
+    assert not allows(
+        cluster, "admissionregistration.k8s.io", "mutatingadmissionpolicies", "patch", "scheduling-webhook-pods"
+    )
+    names = {o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")}
+    assert "hopsworks-scheduling-webhook-policy-params" not in names
+    assert "hopsworks-scheduling-webhook-own-objects" in names
+
+
+def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: str) -> None:
+    """The leader labels a project the compiled policies decide; its pods reach the pod webhooks of
+    the second configurations, and only when they need outside state. The selectors never overlap."""
+    objects = render(given_ca(ca_bundle))
+    main, decided = webhooks(objects), decided_hooks(objects)
+    assert set(decided) == {"mutate-pods.scheduling.hopsworks.ai", "validate-pods.scheduling.hopsworks.ai"}
+    labelled = {"kubernetes.io/metadata.name": "team-a", "hopsworks.ai/project": "team-a",
+                "scheduling.hopsworks.ai/admission-policies": "on"}  # fmt: skip
+    plain = {k: v for k, v in labelled.items() if k != "scheduling.hopsworks.ai/admission-policies"}
+    for name, hook in decided.items():
+        first = main[name]
+        assert {k: v for k, v in hook.items() if k not in ("namespaceSelector", "matchConditions")} == {
+            k: v for k, v in first.items() if k not in ("namespaceSelector", "_configuration", "matchConditions")
+        }
+        assert selector_matches(hook["namespaceSelector"], labelled) and not selector_matches(
+            hook["namespaceSelector"], plain
+        )
+        assert selector_matches(first["namespaceSelector"], plain) and not selector_matches(
+            first["namespaceSelector"], labelled
+        )
+        assert not first.get("matchConditions")
+        (condition,) = hook["matchConditions"]
+        for needed in ("gpu", "kueue.x-k8s.io/", "runai", "kai.scheduler/", "scheduling.hopsworks.ai/"):
+            assert needed in condition["expression"], needed
+    off = render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}})
+    assert decided_hooks(off) == {}
+    configurations = [o for o in off if o["kind"].endswith("WebhookConfiguration")]
+    assert "scheduling.hopsworks.ai/admission-policies" not in json.dumps(configurations)

@@ -32,10 +32,11 @@ from tests.support import chart
 from tests.support.apps import cache_app
 from tests.support.https import LOOPBACK
 from webhook.console.signouts import SIGNOUTS_CONFIGMAP
+from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME
 from webhook.quota.reservations import RESERVATIONS_LABEL
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.runtime import ServeOptions
-from webhook.snapshot import RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
 from webhook.state.store import ClusterState
 from webhook.tls.issuing import make_ca
 
@@ -261,8 +262,14 @@ def test_uninstall_covers_everything_the_server_leaves_behind() -> None:
         f"{RUNAI_PROJECT_ID_LABEL}-",
         f"{BINDING_ANNOTATION}-",
         f"{RUNAI_MOVE_ANNOTATION}-",
+        f"{ADMISSION_POLICIES_LABEL}-",
+        f"mutatingadmissionpolicy {POLICY_NAME}",
+        f"validatingadmissionpolicy {POLICY_NAME}",
+        f"metadata.name={PARAMS_NAME}",
     ):
         assert needed in uninstall, needed
+    for what in (ADMISSION_POLICIES_LABEL, POLICY_NAME, PARAMS_NAME):
+        assert what in with_helm, what
 
 
 def test_the_image_is_built_from_the_constraints_before_the_code() -> None:

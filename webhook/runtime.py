@@ -91,6 +91,11 @@ class ServeOptions:
     # One INFO line per request costs about as much as the decision itself; the apiserver's audit
     # log already records every admission. WEBHOOK_ACCESS_LOG=1 turns it on.
     access_log: bool = False
+    # The compiled admission policies (webhook.policies.writer), from the chart's
+    # admissionPolicies.enabled: True, the leader writes them where the apiserver serves them;
+    # False, it deletes what an enabled install wrote; None (not installed by the chart), it
+    # leaves them alone.
+    admission_policies: bool | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -123,6 +128,7 @@ class ServeOptions:
                 max_pipelined=int(os.environ.get("WEBHOOK_MAX_PIPELINED", DEFAULT_MAX_PIPELINED)),
             ),
             access_log=os.environ.get("WEBHOOK_ACCESS_LOG", "").lower() in ("1", "true", "yes"),
+            admission_policies=_flag(os.environ.get("SCHEDULING_WEBHOOK_ADMISSION_POLICIES", "")),
         )
 
     def guard_config(self) -> GuardConfig:
@@ -137,6 +143,17 @@ class ServeOptions:
 
 class StartupError(RuntimeError):
     pass
+
+
+def _flag(value: str) -> bool | None:
+    """An environment switch: true or false; unset or empty is None."""
+    if not value.strip():
+        return None
+    if value.strip().lower() in ("1", "true", "yes"):
+        return True
+    if value.strip().lower() in ("0", "false", "no"):
+        return False
+    raise StartupError(f"not a true or false value: {value!r}")
 
 
 class Stoppable(Protocol):
@@ -197,6 +214,7 @@ class Runtime:
         self._runners: list[web.AppRunner] = []  # of listeners beyond the main, admission and probe ones
         self.api_client: ApiClient | None = None
         self.runai: Any = None  # RunaiIntegration, against an apiserver
+        self.policies: Any = None  # PolicyWriter, when the install asks for one
         self._readiness: list[Callable[[], str | None]] = []  # besides the caches and the certificate
 
     async def start(self) -> None:
@@ -417,6 +435,12 @@ class Runtime:
         reservations = GpuReservations(self.state, kube)
         await reservations.start(api_client)
         self._stoppers.append(reservations)
+        leader_work = []
+        if options.admission_policies is not None:
+            from webhook.policies.writer import PolicyWriter
+
+            self.policies = PolicyWriter(self.state, kube, enabled=options.admission_policies)
+            leader_work.append(self.policies.run)
         runai = await RunaiIntegration.start(
             self.state,
             api_client,
@@ -428,6 +452,7 @@ class Runtime:
                 lease_name=options.lease_name,
             ),
             sweeper=reservations,
+            leader_work=leader_work,
         )
         self.runai = runai
         self._stoppers.append(runai)

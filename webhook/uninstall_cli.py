@@ -3,7 +3,9 @@ objects are gone. It waits for the server's pods to end (so that no reconcile pa
 again), then takes this system's finalizer, label and annotations off every namespace carrying
 them, a project or one whose project label an installer removed since (a namespace deleted
 later would otherwise wait for a finalizer nobody removes), and deletes the
-GPU reservation ConfigMaps, the console's sign-outs and the leader Lease. The Run:ai projects,
+GPU reservation ConfigMaps, the console's sign-outs and the leader Lease, and the compiled
+admission policies with their bindings and parameters (the label that lets the bindings select a
+namespace goes first, with the other keys). The Run:ai projects,
 the runai/queue labels Run:ai schedules by, and the record of Run:ai projects left
 (runai-projects-left) stay, as manifests/README.md says."""
 
@@ -19,15 +21,17 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.console.signouts import SIGNOUTS_CONFIGMAP
+from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME
 from webhook.core.uninstall import namespace_cleanup_patch
 from webhook.kube.api import KubeApi, KubeConflict, KubeError, KubeNotFound, raw_call
 from webhook.quota.reservations import RESERVATIONS_LABEL
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
-from webhook.snapshot import RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, RUNAI_MOVE_ANNOTATION, RUNAI_PROJECT_ID_LABEL
 
 SERVER_PODS = "app.kubernetes.io/name=scheduling-webhook"
 LEASE = "scheduling-webhook-leader"
 CONFLICT_RETRIES = 5
+POLICY_KINDS = ("MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding")
 GUARD_WAIT_S = 60.0
 # Written only in a dry run, which the guard policy must refuse: no namespace ever carries it.
 GUARD_PROBE_LABEL = "scheduling.hopsworks.ai/uninstall-guard-probe"
@@ -70,6 +74,7 @@ async def _cleanup(namespace: str, wait_s: float, guard_policy: str = "") -> int
         # the label may be gone while the finalizer stays. The patch is None for the others.
         for ns in await kube.list_namespaces():
             await _clean_namespace(kube, ns)
+        await _delete_admission_policies(kube)
         listed = await raw_call(core.list_namespaced_config_map, namespace, call_path="background",
                                 label_selector=RESERVATIONS_LABEL)  # fmt: skip
         names = [o["metadata"]["name"] for o in listed.get("items") or ()] + [SIGNOUTS_CONFIGMAP]
@@ -83,6 +88,21 @@ async def _cleanup(namespace: str, wait_s: float, guard_policy: str = "") -> int
         except KubeNotFound:
             say(f"lease {namespace}/{LEASE} already gone")
     return 0
+
+
+async def _delete_admission_policies(kube: KubeApi) -> None:
+    """The compiled policies' bindings, the policies, then their parameters in every namespace."""
+    for kind in (*POLICY_KINDS, *(k.removesuffix("Binding") for k in POLICY_KINDS)):
+        try:
+            await kube.delete_object(kind, POLICY_NAME)
+        except KubeError as exc:  # a cluster before 1.36 has no MutatingAdmissionPolicy
+            if exc.status != 404:
+                raise
+        say(f"{kind} {POLICY_NAME} deleted (or not there)")
+    for obj in await kube.list_configmaps_named(PARAMS_NAME):
+        where = obj["metadata"]["namespace"]
+        await kube.delete_object("ConfigMap", PARAMS_NAME, where)
+        say(f"configmap {where}/{PARAMS_NAME} deleted")
 
 
 async def _wait_for_guard(kube: KubeApi, namespace: str, policy: str, wait_s: float) -> bool:
@@ -122,7 +142,7 @@ async def _clean_namespace(kube: KubeApi, ns: dict[str, Any]) -> None:
     name = ns["metadata"]["name"]
     for _ in range(CONFLICT_RETRIES):
         patch = namespace_cleanup_patch(
-            ns, finalizers={FINALIZER}, labels={RUNAI_PROJECT_ID_LABEL},
+            ns, finalizers={FINALIZER}, labels={RUNAI_PROJECT_ID_LABEL, ADMISSION_POLICIES_LABEL},
             annotations={BINDING_ANNOTATION, RUNAI_MOVE_ANNOTATION},
         )  # fmt: skip
         if patch is None:

@@ -199,7 +199,8 @@ async def test_the_servers_writes_outside_the_policies_lists_are_denied_with_the
     stderr = await cluster.refused(*as_server, "label", "namespace", project,
                                    "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
     _denied_by(NAMESPACES, stderr, "scheduling-webhook changes only the labels runai/queue, "
-               "hopsworks.ai/runai-project-id and hopsworks.ai/department")  # fmt: skip
+               "hopsworks.ai/runai-project-id, hopsworks.ai/department and "
+               "scheduling.hopsworks.ai/admission-policies")  # fmt: skip
     stderr = await cluster.refused(*as_server, "label", "namespace", project, "hopsworks.ai/project-")
     _denied_by(NAMESPACES, stderr, "scheduling-webhook changes only the labels")
     stderr = await cluster.refused(*as_server, "annotate", "namespace", project, "owner=someone")

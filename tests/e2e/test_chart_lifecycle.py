@@ -41,6 +41,7 @@ from tests.support.control_plane.install import (
 from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_TAINT, image_archive
 from tests.support.control_plane.rest import Rest
 from tests.support.pod_creations import Creations
+from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME
 from webhook.runai.binding import BINDING_ANNOTATION, FINALIZER
 from webhook.snapshot import RUNAI_PROJECT_ID_LABEL
 
@@ -273,6 +274,15 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
 
     await cluster.eventually(finalized, f"{former} bound by the leader", within_s=60)
     await cluster.ok("label", "namespace", former, "hopsworks.ai/project-")
+    compiled = _compiled_policies_served(cp)
+    if compiled:  # 1.36 and newer: the leader wrote the compiled policies and the projects' parameters
+
+        async def params_written() -> bool:
+            result = await cluster.kubectl("get", "configmap", PARAMS_NAME, "-n", project)
+            return result.rc == 0
+
+        await cluster.eventually(params_written, f"the parameters of {project} written", within_s=60)
+        assert cp.get_json("mutatingadmissionpolicybinding", POLICY_NAME)
 
     out = await asyncio.to_thread(helm, cp, "uninstall", chart.RELEASE, "--namespace", INSTALL_NS, "--wait",
                                   "--timeout", "5m")  # fmt: skip
@@ -302,6 +312,16 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     nothing_of_the_chart_left(cp)
     configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
     assert configmaps <= {"kube-root-ca.crt", "runai-projects-left"}, configmaps  # the record, left on purpose
+    if compiled:  # the uninstall Job deleted what the leader wrote
+        kinds = ",".join(
+            f"{kind}{suffix}"
+            for kind in ("mutatingadmissionpolic", "validatingadmissionpolic")
+            for suffix in ("ies", "ybindings")
+        )
+        left = [o["metadata"]["name"] for o in cp.get_json(kinds)["items"]]
+        assert POLICY_NAME not in left, left
+        params = cp.get_json("configmaps", "--all-namespaces", "--field-selector", f"metadata.name={PARAMS_NAME}")
+        assert params["items"] == [], params["items"]
     secrets = {o["metadata"]["name"] for o in cp.get_json("secrets", "-n", INSTALL_NS)["items"]}
     assert secrets == {"runai-hopsworks"}, secrets  # the Run:ai client's: the operator's own
     # What stays in Run:ai: the project of the namespace (nothing of ours runs to delete it).
@@ -368,6 +388,11 @@ async def test_the_uninstall_jobs_identity_may_only_take_this_systems_keys_off_n
         await cluster.kubectl("delete", "configmap", "platform-notes", "-n", INSTALL_NS, "--ignore-not-found")
         await cluster.kubectl("patch", "namespace", name, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
         await cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def _compiled_policies_served(cp: ControlPlane) -> bool:
+    found = cp.kubectl("get", "--raw", "/apis/admissionregistration.k8s.io/v1", check=False)
+    return found.returncode == 0 and '"MutatingAdmissionPolicy"' in found.stdout
 
 
 def nothing_of_the_chart_left(cp: ControlPlane) -> None:

@@ -39,17 +39,20 @@ from webhook.core.admission_policies import (
 )
 from webhook.core.namespace_plan import make_plan
 from webhook.core.scheduling import mutate_pod
-from webhook.snapshot import ClusterSnapshot
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, ClusterSnapshot
 
 pytestmark = pytest.mark.slow
 
 A100 = "nvidia.com/gpu.product=A100"
 ZONE = "topology.kubernetes.io/zone=eu-1a"
 REFERENCE = "reference"  # no project label: nothing selects its pods
+# The label the leader sets once a namespace's parameters are written: the bindings select it.
+POLICIES_ON = {ADMISSION_POLICIES_LABEL: "on"}
 PROJECTS = [
-    namespace("churn"),
+    namespace("churn", labels=POLICIES_ON),
     namespace(
         "fraud",
+        labels=POLICIES_ON,
         annotations={
             "scheduling.hopsworks.ai/available": json.dumps(
                 {"affinity": [A100, ZONE], "antiAffinity": ["maintenance=true"], "priorityClasses": ["batch", "urgent"]}
@@ -181,7 +184,7 @@ def _write_params(cp: ControlPlane, snapshot: ClusterSnapshot) -> None:
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with control_plane(tmp_path_factory.mktemp("policies-cp"), apiserver_args=admission_policy_args()) as plane:
         plane.apply([priority_class(n, v, p, g) for n, v, p, g in PRIORITY_CLASSES])
-        plane.apply([*PROJECTS, namespace(REFERENCE, project=False), namespace("unparametrised")])
+        plane.apply([*PROJECTS, namespace(REFERENCE, project=False), namespace("unparametrised", labels=POLICIES_ON)])
         version = served_mutating_version(_served(plane))
         # GA (v1) from 1.36; 1.35 serves the beta once switched on.
         assert version == ("v1beta1" if admission_policy_args() else "v1"), (KUBE_VERSION, _served(plane))
@@ -254,7 +257,7 @@ def test_compiled_policies_store_what_the_webhook_would(cp: ControlPlane, ns: st
 
 
 def test_a_project_without_parameters_is_refused_naming_the_cause(cp: ControlPlane) -> None:
-    """Fail closed: the binding denies when the namespace has no parameter ConfigMap."""
+    """Fail closed: the binding denies when a namespace it selects has no parameter ConfigMap."""
     stored, message = _create(cp, _manifest(Pod("plain"), "plain", "unparametrised"))
     assert stored is None
     assert "no params found" in message or PARAMS_NAME in message, message

@@ -312,8 +312,8 @@ async def test_our_webhook_after_kueues_leaves_pods_ungated_and_they_are_refused
 
     def after_kueue(objects: list[Obj]) -> None:
         for obj in objects:
-            if obj["kind"] == "MutatingWebhookConfiguration":
-                obj["metadata"]["name"] = "zz-hopsworks-scheduling-webhook"
+            if obj["kind"] == "MutatingWebhookConfiguration":  # both: each keeps a name of its own
+                obj["metadata"]["name"] = "zz-" + obj["metadata"]["name"]
 
     with broken_install(local, after_kueue):
         stderr = await cluster.refused("apply", "-f", "-", stdin=json.dumps(notebook("late", project, "host")))

@@ -21,6 +21,7 @@ from typing import Any
 from webhook.core.enforcement import PRIORITY_CLASS, warns
 from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
 from webhook.snapshot import (
+    ADMISSION_POLICIES_LABEL,
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
     MIRROR_POD_ANNOTATION,
@@ -28,6 +29,7 @@ from webhook.snapshot import (
     PROJECT_LABEL,
     RUNAI_QUEUE_LABEL,
     ClusterSnapshot,
+    NamespaceInfo,
     PriorityClassInfo,
 )
 
@@ -212,6 +214,25 @@ def _match_constraints() -> dict[str, Any]:
     }
 
 
+# The value of ADMISSION_POLICIES_LABEL on a namespace whose parameters the leader has written.
+POLICIES_ON = "on"
+
+
+def _binding_match() -> dict[str, Any]:
+    """Project namespaces the leader has labelled after writing their parameters: a new project's
+    pods are left to the webhook until then, never refused for want of parameters. A labelled
+    namespace whose parameters are missing is refused (parameterNotFoundAction Deny)."""
+    return {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": PROJECT_LABEL, "operator": "Exists"},
+                {"key": ADMISSION_POLICIES_LABEL, "operator": "In", "values": [POLICIES_ON]},
+            ]
+        },
+        "resourceRules": _match_constraints()["resourceRules"],
+    }
+
+
 def _binding(kind: str, api_version: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{api_version}",
@@ -221,7 +242,7 @@ def _binding(kind: str, api_version: str) -> dict[str, Any]:
             "policyName": POLICY_NAME,
             # No namespace: the ConfigMap of the pod's own namespace. Missing parameters deny.
             "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"},
-            "matchResources": _match_constraints(),
+            "matchResources": _binding_match(),
             **({"validationActions": ["Deny"]} if kind == "ValidatingAdmissionPolicy" else {}),
         },
     }
@@ -295,6 +316,20 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
     ]
 
 
+def decided_by_policies(record: NamespaceInfo, snapshot: ClusterSnapshot) -> bool:
+    """Whether the policies decide every plain pod of this namespace by themselves: the leader then
+    labels it for the bindings (ADMISSION_POLICIES_LABEL), which is what the webhooks' selectors
+    can read. Not with Run:ai on (the `kai.scheduler/preemptibility` label, the binding on a first
+    pod and R2's checks are the webhook's), nor with Kueue on (S4's queue label), nor with the
+    priority class subset in warn mode (the warning and its count are the webhook's), nor where
+    the project's annotations cannot be read (the webhook warns on every pod that they are
+    ignored)."""
+    settings = snapshot.settings
+    if not record.is_project or settings.run_ai_enable or settings.kueue_installed or warns(settings, PRIORITY_CLASS):
+        return False
+    return not namespace_plan(record, snapshot).offer.notes
+
+
 def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:
     """The MutatingAdmissionPolicy version to write, from discovery ({groupVersion: [kinds]}):
     v1 where served, else the beta; None where the apiserver serves neither (policies off)."""
@@ -309,8 +344,10 @@ def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None)
     the parameters of every project namespace whose pods they may take. None for the version (the
     apiserver serves no MutatingAdmissionPolicy): nothing, the webhook decides every pod.
 
-    With Run:ai on, a namespace not bound yet gets no parameters: its pods are denied by the
-    bindings until the webhook has bound it (R2)."""
+    With Run:ai on, a namespace not bound yet gets parameters that leave its pods to the webhook
+    (`compiled` false): the webhook binds it on its first pod (R2). Without parameters the
+    bindings would deny that pod before any webhook is called, and the namespace would wait for
+    the leader's next reconcile pass."""
     if mutating_api_version is None:
         return []
     settings = snapshot.settings
@@ -318,7 +355,10 @@ def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None)
     objects = policy_objects(mutating_api_version)
     for name in sorted(snapshot.namespaces):
         record = snapshot.namespaces[name]
-        if PROJECT_LABEL not in record.labels or (settings.run_ai_enable and record.runai_queue is None):
+        if PROJECT_LABEL not in record.labels:
             continue
-        objects.append(params_config_map(name, policy_params(namespace_plan(record, snapshot), global_default)))
+        params = policy_params(namespace_plan(record, snapshot), global_default)
+        if settings.run_ai_enable and record.runai_queue is None:
+            params["compiled"] = "false"
+        objects.append(params_config_map(name, params))
     return objects

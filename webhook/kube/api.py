@@ -23,6 +23,12 @@ from webhook.metrics import REMOTE_CALLS, CallPath
 
 Obj = dict[str, Any]  # a Kubernetes object as raw JSON
 
+# The admissionregistration.k8s.io/v1 kinds `KubeApi.apply` writes (the compiled admission policies).
+_APPLIED_ADMISSION_KINDS = frozenset({
+    "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+})  # fmt: skip
+
 __all__ = [
     "CallPath",
     "KubeApi",
@@ -191,6 +197,70 @@ class KubeApi:
             )
         except KubeNotFound:
             return
+
+    # -- objects of a few kinds, by server-side apply -------------------------------------------
+    def _kind_calls(self, kind: str) -> tuple[Any, Any]:
+        """(patch, delete) of the typed client for `kind`: the kinds this server applies."""
+        if kind == "ConfigMap":
+            return self.core.patch_namespaced_config_map, self.core.delete_namespaced_config_map
+        admission = client.AdmissionregistrationV1Api(self.api_client)
+        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
+        if kind not in _APPLIED_ADMISSION_KINDS:
+            raise ValueError(f"no server-side apply for kind {kind}")
+        return getattr(admission, f"patch_{snake}"), getattr(admission, f"delete_{snake}")
+
+    async def apply(self, obj: Mapping[str, Any], field_manager: str, *, call_path: CallPath = "background") -> Obj:
+        """Server-side apply of `obj` (a ConfigMap, or an admission policy or binding of
+        admissionregistration.k8s.io/v1), taking over fields another manager set (force)."""
+        meta = obj["metadata"]
+        patch, _ = self._kind_calls(obj["kind"])
+        where = [meta["namespace"]] if obj["kind"] == "ConfigMap" else []
+        return await raw_call(
+            patch,
+            meta["name"],
+            *where,
+            dict(obj),
+            call_path=call_path,
+            field_manager=field_manager,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    async def delete_object(
+        self, kind: str, name: str, namespace: str | None = None, *, call_path: CallPath = "background"
+    ) -> None:
+        """Delete one object of a kind `apply` writes; absent is fine."""
+        _, delete = self._kind_calls(kind)
+        try:
+            await raw_call(delete, name, *([namespace] if namespace else []), call_path=call_path)
+        except KubeNotFound:
+            return
+
+    async def list_configmaps_named(self, name: str, *, call_path: CallPath = "background") -> list[Obj]:
+        """The ConfigMaps of this name in every namespace (a field selector on the name, which RBAC
+        can grant by resourceNames)."""
+        items: list[Obj] = []
+        more: dict[str, Any] = {}
+        while True:
+            page = await raw_call(
+                self.core.list_config_map_for_all_namespaces,
+                call_path=call_path,
+                field_selector=f"metadata.name={name}",
+                limit=500,
+                **more,
+            )
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            more = {"_continue": token}
+
+    async def served_admission_kinds(self, *, call_path: CallPath = "background") -> list[str]:
+        """The kinds admissionregistration.k8s.io/v1 serves (discovery)."""
+        found = await raw_call(
+            client.AdmissionregistrationV1Api(self.api_client).get_api_resources, call_path=call_path
+        )
+        return [str(r.get("kind")) for r in found.get("resources") or () if "/" not in str(r.get("name", ""))]
 
     # -- events ------------------------------------------------------------------------------
     async def create_event(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,10 +97,14 @@ class RunaiIntegration:
         *,
         sweeper: ReservationSweeper | None = None,
         mover: MoveRecovery | None = None,
+        leader_work: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         """`sweeper`: deletes the GPU reservations of deleted namespaces on each reconcile pass
         (`webhook.quota.GpuReservations`). `mover`: settles department moves left half-done; by
-        default a `DepartmentMover` over this integration's client and directory."""
+        default a `DepartmentMover` over this integration's client and directory. `leader_work`:
+        more coroutine functions run beside the reconciler while this process holds the Lease
+        (each keeps going on its own failures; all are cancelled when leadership ends)."""
+        self._leader_work = tuple(leader_work)
         self.state = state
         self.options = options
         self.kube = kube_api
@@ -155,8 +159,24 @@ class RunaiIntegration:
             options.lease_name,
             identity=identity,
             timing=options.lease,
-            on_started_leading=self.reconciler.run,
+            on_started_leading=self._lead,
         )
+
+    async def _lead(self) -> None:
+        """The reconciler and the other leader work side by side: a failure of one is logged and
+        leaves the rest running."""
+
+        async def guarded(work: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leader work %s failed", getattr(work, "__qualname__", work))
+
+        async with asyncio.TaskGroup() as group:
+            for work in (self.reconciler.run, *self._leader_work):
+                group.create_task(guarded(work))
 
     @classmethod
     async def start(
@@ -168,8 +188,17 @@ class RunaiIntegration:
         options: IntegrationOptions | None = None,
         *,
         sweeper: ReservationSweeper | None = None,
+        leader_work: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> RunaiIntegration:
-        self = cls(state, api_client, kube_api, runai_client_factory, options or IntegrationOptions(), sweeper=sweeper)
+        self = cls(
+            state,
+            api_client,
+            kube_api,
+            runai_client_factory,
+            options or IntegrationOptions(),
+            sweeper=sweeper,
+            leader_work=leader_work,
+        )
         state.listeners.append(self._on_cluster_event)
         await self.directory.start()
         await self.leader.start()

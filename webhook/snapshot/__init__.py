@@ -17,6 +17,7 @@ from webhook.snapshot.held_gpus import (
     holds_gpus,
 )
 from webhook.snapshot.keys import (
+    ADMISSION_POLICIES_LABEL,
     AFFINITY_ANNOTATION,
     ANTI_AFFINITY_ANNOTATION,
     AVAILABLE_ANNOTATION,
@@ -69,6 +70,7 @@ from webhook.snapshot.runai import (
 )
 
 __all__ = [
+    "ADMISSION_POLICIES_LABEL",
     "AFFINITY_ANNOTATION",
     "ANTI_AFFINITY_ANNOTATION",
     "AVAILABLE_ANNOTATION",

@@ -10,6 +10,9 @@ PROJECT_LABEL = "hopsworks.ai/project"
 DEPARTMENT_LABEL = "hopsworks.ai/department"
 RUNAI_QUEUE_LABEL = "runai/queue"
 RUNAI_PROJECT_ID_LABEL = "hopsworks.ai/runai-project-id"
+# Set by the leader on a project namespace once its admission policy parameters are written: the
+# policies' bindings select it, so a namespace is never judged by them before it has parameters.
+ADMISSION_POLICIES_LABEL = "scheduling.hopsworks.ai/admission-policies"
 AVAILABLE_ANNOTATION = "scheduling.hopsworks.ai/available"
 DEFAULTS_ANNOTATION = "scheduling.hopsworks.ai/defaults"
 # A department move in progress (intent + lock, written only by this system).

@@ -34,6 +34,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 # G5: who may name a pod's PodGroup (KAI's pod grouper); same form as the installers.
 - name: SCHEDULING_WEBHOOK_POD_GROUPERS
   value: {{ join "," .Values.podGroupers | quote }}
+# admissionPolicies.enabled: the leader writes the compiled admission policies, or (false)
+# deletes what an enabled install wrote.
+- name: SCHEDULING_WEBHOOK_ADMISSION_POLICIES
+  value: {{ .Values.admissionPolicies.enabled | quote }}
 {{- end -}}
 
 {{/* CEL, true when the request's caller is one of the installers: the same reading of the
@@ -193,4 +197,38 @@ name, which the APIService calls; the apiserver's front proxy alone is served th
 {{- else if .Values.admission.clientCA -}}
 /admission-client-ca/ca.crt
 {{- end -}}
+{{- end -}}
+
+{{/* With the compiled admission policies on: the pod webhooks in namespaces the leader labelled
+scheduling.hopsworks.ai/admission-policies=on (the policies decide their plain pods) are called only
+for a pod that needs outside state or a rule not compiled: a GPU in a request or limit, an
+annotation or label of this system (but the priority class one the policies read), of Run:ai,
+KAI or Kueue. Every other pod there makes no webhook call. */}}
+{{- define "sw.decidedNamespaces" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: hopsworks.ai/project
+      operator: Exists
+    - key: scheduling.hopsworks.ai/admission-policies
+      operator: In
+      values: ["on"]
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: ["kube-system", "kube-public", "kube-node-lease", {{ .Release.Namespace | quote }}]
+matchConditions:
+  - name: needs-the-webhook
+    expression: >-
+      (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
+      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class') ||
+      k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
+      k.startsWith('kai.scheduler/'))) ||
+      (has(object.metadata.labels) && object.metadata.labels.exists(k,
+      k.startsWith('scheduling.hopsworks.ai/') || k.startsWith('kueue.x-k8s.io/') ||
+      k.startsWith('runai') || k.startsWith('kai.scheduler/') || k.contains('gpu'))) ||
+      object.spec.containers.exists(c, has(c.resources) &&
+      ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
+      (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))) ||
+      (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) &&
+      ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
+      (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))))
 {{- end -}}

@@ -1,0 +1,103 @@
+"""Plain pods of a project the compiled admission policies decide make no webhook call, on the real
+apiserver with the chart installed (1.36 and newer: the leader writes the policies and labels the
+project): the policies mutate them, and only a pod needing outside state (here a GPU) reaches the
+pod webhooks of the configurations for decided namespaces. With the server down, both sides fail
+closed: a plain pod of a labelled project whose parameters are missing is refused naming them, a
+GPU pod of one with its parameters because no replica answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_kubectl import offer_scheduling, pod
+from tests.support.control_plane.install import Install
+from webhook.core.admission_policies import PARAMS_NAME
+from webhook.metrics import ADMISSION_OUTCOMES
+from webhook.snapshot import ADMISSION_POLICIES_LABEL
+
+pytestmark = pytest.mark.slow
+
+LABEL = ADMISSION_POLICIES_LABEL
+
+
+def reviews(local: Install, endpoint: str) -> float:
+    """Reviews of `endpoint` answered by every serving replica so far."""
+    return sum(
+        sum(local.metric("webhook_admission_requests_total", endpoint=endpoint, outcome=o)) for o in ADMISSION_OUTCOMES
+    )
+
+
+def gpu_pod(name: str, namespace: str) -> dict[str, object]:
+    obj = pod(name, namespace)
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}  # type: ignore[index]
+    return obj
+
+
+async def test_plain_pods_of_a_decided_project_make_no_webhook_call_and_fail_closed(cluster: Cluster) -> None:
+    local = cluster.needs_local("reads the replicas' metrics and scales them")
+    served = await cluster.kubectl("get", "--raw", "/apis/admissionregistration.k8s.io/v1")
+    if '"MutatingAdmissionPolicy"' not in served.stdout:
+        pytest.skip("the apiserver serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (before 1.36)")
+    await offer_scheduling(cluster)  # the default class: normal
+    project = await cluster.project("decided")
+
+    other = await cluster.project("decided-too")
+
+    async def labelled() -> bool:
+        for ns in (project, other):
+            if (await cluster.get("namespace", ns))["metadata"]["labels"].get(LABEL) != "on":
+                return False
+        return True
+
+    await cluster.eventually(labelled, f"{project} and {other} labelled by the leader", within_s=60)
+    # The apiserver's webhook and policy informers follow the label and the parameters: retry the
+    # first pod until the policies have mutated it.
+    before = reviews(local, "mutate_pods")
+
+    last: list[object] = []
+
+    async def plain_mutated() -> bool:
+        name = f"plain-{asyncio.get_running_loop().time() * 1000:.0f}"
+        result = await cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pod(name, project)))
+        if result.rc != 0:
+            last[:] = [result.stderr]
+            return False
+        spec = (await cluster.get("pod", name, project))["spec"]
+        last[:] = [spec.get("priorityClassName"), reviews(local, "mutate_pods") - before]
+        return bool(spec.get("priorityClassName") == "normal")
+
+    try:
+        await cluster.eventually(plain_mutated, "a plain pod mutated by the policies", within_s=30)
+    except AssertionError:
+        raise AssertionError(f"the last plain pod: {last}") from None
+    mark = reviews(local, "mutate_pods")
+    for i in range(5):
+        await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(pod(f"nb{i}", project)))
+        stored = await cluster.get("pod", f"nb{i}", project)
+        assert stored["spec"]["priorityClassName"] == "normal", stored["spec"]
+    assert reviews(local, "mutate_pods") == mark, "a plain pod reached the webhook"
+    await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu", project)))
+    assert reviews(local, "mutate_pods") > mark, "the GPU pod did not reach the webhook"
+    assert before <= mark
+
+    # Fail closed, with the server down and the parameters gone.
+    try:
+        await asyncio.to_thread(local.scale, 0)
+        as_server = ["--kubeconfig", str(local.service_account_kubeconfig())]
+        await cluster.ok("delete", "configmap", PARAMS_NAME, "-n", project, *as_server)
+
+        async def refused_for_parameters() -> str | None:
+            result = await cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pod("closed", project)))
+            return result.stderr if result.rc != 0 and "no params found" in result.stderr else None
+
+        message = await cluster.eventually(refused_for_parameters, "a plain pod refused without parameters")
+        assert "scheduling-webhook-pods" in message, message
+        # A GPU pod of a decided project with its parameters: the narrowed webhook is called, and fails.
+        stderr = await cluster.refused("apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu-closed", other)))
+        assert 'failed calling webhook "mutate-pods.scheduling.hopsworks.ai"' in stderr, stderr
+    finally:
+        await asyncio.to_thread(local.scale, 2)

@@ -1,0 +1,1 @@
+"""The compiled admission policies kept written by the leader (`writer.PolicyWriter`)."""

@@ -1,0 +1,223 @@
+"""The leader keeps the compiled admission policies written (`core.admission_policies`).
+
+Every replica follows its caches; only the Lease holder writes (`run`, started and cancelled with
+leadership, beside the Run:ai reconciler). A pass computes what should exist from the snapshot
+(`desired_objects`) and applies by server-side apply, under one field manager, what differs from
+what this leader last wrote or saw; it deletes the parameters of namespaces that are no longer
+projects. Nothing here is on the request path: the apiserver reads the objects from its own
+informers.
+
+- When: at once on any cache write a namespace plan is made of (a Namespace, a PriorityClass, the
+  settings, Kueue's objects; never a Pod or ReplicaSet), and every `resync_s`, when the parameters
+  are listed again so that one deleted or changed by hand is put back.
+- Order: parameters before the bindings that deny without them; when the policies are off or the
+  apiserver no longer serves them, the bindings go before the policies and the parameters.
+- Where: only while the apiserver serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy
+  (asked once per leadership) and the install enables it. Disabled, a leader deletes what an
+  earlier enabled install left, so that no stale binding denies a new project's pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.core.admission_policies import (
+    PARAMS_NAME,
+    POLICIES_ON,
+    POLICY_NAME,
+    decided_by_policies,
+    desired_objects,
+)
+from webhook.kube.api import KubeApi, KubeError, KubeNotFound, Obj
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, ClusterSnapshot
+from webhook.state.store import ClusterState
+from webhook.tasks import wait_for_event
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "scheduling-webhook"
+# Kinds whose writes never change a namespace plan: no pass for them.
+_IGNORED_KINDS = frozenset({"Pod", "ReplicaSet", "Deployment"})
+_BINDINGS = ("MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding")
+_POLICIES = ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy")
+_DEFAULT_RESYNC_S = 60.0
+_BACKOFF_MAX_S = 30.0
+
+Key = tuple[str, str, str]  # (kind, namespace or "", name)
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"])
+
+
+def _content(obj: Mapping[str, Any]) -> str:
+    """What is compared with what was written: the object as applied, in one canonical text."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+class PolicyWriter:
+    def __init__(
+        self,
+        state: ClusterState,
+        kube: KubeApi,
+        *,
+        enabled: bool,
+        resync_s: float = _DEFAULT_RESYNC_S,
+    ) -> None:
+        self.state = state
+        self.kube = kube
+        self.enabled = enabled
+        self.resync_s = resync_s
+        self._wake = asyncio.Event()
+        self._written: dict[Key, str] = {}  # what this leader applied, or found already there
+        self.passes = 0  # completed passes (tests wait on it)
+        self._resync_due = False
+
+    def resync_soon(self) -> None:
+        """Read the parameters back at the next pass, as at each resync."""
+        self._resync_due = True
+        self._wake.set()
+
+    def on_cluster_event(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind not in _IGNORED_KINDS:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """While leading, until cancelled. A failed pass is logged and tried again with backoff."""
+        self.state.listeners.append(self.on_cluster_event)
+        self._written.clear()
+        backoff = 1.0
+        try:
+            version = await self._served_version()
+            next_resync = 0.0
+            while True:
+                self._wake.clear()
+                if not self.state.ready():  # an empty cache would look like no project at all
+                    await wait_for_event(self._wake, 0.5)
+                    continue
+                now = time.monotonic()
+                try:
+                    if version is None or not self.enabled:
+                        await self._remove_all()
+                        return
+                    if now >= next_resync or self._resync_due:
+                        self._resync_due = False
+                        await self._read_back()
+                        next_resync = now + self.resync_s
+                    snapshot = self.state.snapshot()
+                    await self._write(desired_objects(snapshot, version), snapshot)
+                    self.passes += 1
+                    backoff = 1.0
+                except (KubeError, OSError, TimeoutError) as exc:
+                    log.warning("admission policies: pass failed (%s); again in %.0f s", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                    self._wake.set()
+                    continue
+                await wait_for_event(self._wake, max(0.0, next_resync - time.monotonic()))
+        finally:
+            with contextlib.suppress(ValueError):
+                self.state.listeners.remove(self.on_cluster_event)
+
+    async def _served_version(self) -> str | None:
+        """ "v1" when the apiserver serves MutatingAdmissionPolicy there; else None (policies off)."""
+        while True:
+            try:
+                kinds = await self.kube.served_admission_kinds()
+            except (KubeError, OSError, TimeoutError) as exc:
+                log.warning("admission policies: discovery failed (%s); asking again", exc)
+                await asyncio.sleep(2.0)
+                continue
+            served = "MutatingAdmissionPolicy" in kinds
+            log.info(
+                "admission policies: %s",
+                "on"
+                if served and self.enabled
+                else "off (disabled by the install)"
+                if served
+                else "off (the apiserver serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy)",
+            )
+            return "v1" if served else None
+
+    async def _read_back(self) -> None:
+        """What is stored now replaces what this leader remembers of the parameters, so that a
+        ConfigMap changed or deleted by anyone else is written again, and one of a namespace that
+        left the projects while no leader watched is found and deleted. The four policy objects
+        are forgotten, so they are applied again (a no-op when unchanged)."""
+        found = await self.kube.list_configmaps_named(PARAMS_NAME)
+        self._written = {}  # the policies and bindings are applied again: one may have been deleted
+        for obj in found:
+            meta = obj.get("metadata") or {}
+            stored_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace")}
+            if meta.get("labels"):
+                stored_meta["labels"] = meta["labels"]
+            stored = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": stored_meta, "data": obj.get("data") or {}}
+            self._written[_key(stored)] = _content(stored)
+
+    async def _write(self, desired: list[Obj], snapshot: ClusterSnapshot) -> None:
+        """Namespaces the policies no longer decide lose the label first (the webhooks take their
+        pods back before anything else changes), then the objects are applied, then namespaces the
+        policies now decide, whose parameters exist, get it."""
+        labelled = {
+            name: record
+            for name, record in snapshot.namespaces.items()
+            if record.labels.get(ADMISSION_POLICIES_LABEL) == POLICIES_ON
+        }
+        for name, record in labelled.items():
+            if record.is_project and not decided_by_policies(record, snapshot):
+                await self._label(name, None)
+        wanted = {_key(o): o for o in desired}
+        params = [o for o in desired if o["kind"] == "ConfigMap"]
+        others = [o for o in desired if o["kind"] != "ConfigMap"]
+        changed = 0
+        for obj in params + others:
+            key = _key(obj)
+            content = _content(obj)
+            if self._written.get(key) == content:
+                continue
+            await self.kube.apply(obj, FIELD_MANAGER)
+            self._written[key] = content
+            changed += 1
+        # Only now may the bindings select the namespace: its parameters exist.
+        for obj in params:
+            name = obj["metadata"]["namespace"]
+            found = snapshot.namespaces.get(name)
+            if found is not None and name not in labelled and decided_by_policies(found, snapshot):
+                await self._label(name, POLICIES_ON)
+        gone = [k for k in self._written if k not in wanted]
+        for kind, namespace, name in gone:
+            if kind == "ConfigMap":
+                await self.kube.delete_object(kind, name, namespace)
+            del self._written[(kind, namespace, name)]
+        if changed or gone:
+            log.info("admission policies: %d object(s) applied, %d parameter ConfigMap(s) deleted", changed, len(gone))
+
+    async def _label(self, namespace: str, value: str | None) -> None:
+        with contextlib.suppress(KubeNotFound):  # deleted meanwhile
+            await self.kube.patch_namespace(namespace, {"metadata": {"labels": {ADMISSION_POLICIES_LABEL: value}}})
+
+    async def _remove_all(self) -> None:
+        """What an enabled install wrote, taken back: the namespaces' label first (the webhooks
+        take their pods back), then bindings, policies and the parameters."""
+        for record in list(self.state.snapshot().namespaces.values()):
+            if ADMISSION_POLICIES_LABEL in record.labels and record.is_project:
+                await self._label(record.name, None)
+        for kind in (*_BINDINGS, *_POLICIES):
+            with contextlib.suppress(KubeError):  # 403: RBAC no longer grants them, nothing was written
+                await self.kube.delete_object(kind, POLICY_NAME)
+        try:
+            found = await self.kube.list_configmaps_named(PARAMS_NAME)
+        except KubeError:
+            return
+        for obj in found:
+            meta = obj.get("metadata") or {}
+            await self.kube.delete_object("ConfigMap", PARAMS_NAME, str(meta.get("namespace")))
+        if found:
+            log.info("admission policies: off; %d parameter ConfigMap(s) deleted", len(found))
