@@ -8,7 +8,10 @@
 #   hack/image/build.sh            base (once) + image + archive
 #
 # Everything lands in $PEERS_DIR/image (default .peers/image, ignored by git): base-<stamp>.tar,
-# buildah's storage, and scheduling-webhook.oci.tar with the tag in scheduling-webhook.tag.
+# buildah's storage, and one folder per build, builds/<sources>/ (scheduling-webhook.oci.tar, the
+# tag in scheduling-webhook.tag). Clones sharing PEERS_DIR may hold different sources at the same
+# time, so each finds its own build through the file .image in its work tree (ignored by git),
+# never through a name another clone's build would overwrite. The newest builds are kept.
 # The base is rebuilt only when its recipe below changes. The image is rebuilt only when what the
 # Dockerfile copies changed (stamp: the Dockerfile, pyproject.toml, README.md, constraints.txt,
 # webhook/), and then without buildah's layer cache: buildah keys a `RUN --mount=...from=builder`
@@ -32,6 +35,7 @@ PACKAGES=python3,python3-pip,ca-certificates
 BASE_TAG=localhost/python-base:3.11-$SUITE
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 TAG=localhost/scheduling-webhook:$VERSION
+KEEP_BUILDS=4
 
 missing=()
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
@@ -92,8 +96,11 @@ fi
 sources=$( { sha256sum Dockerfile pyproject.toml README.md constraints.txt
              find webhook -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum; } |
            sha256sum | cut -c1-16)
-if [ -f "$OUT/scheduling-webhook.oci.tar" ] && [ "$(cat "$OUT/image-stamp" 2>/dev/null)" = "$sources:$BASE_TAG:$stamp" ]; then
-  say "$TAG up to date ($OUT/scheduling-webhook.oci.tar)"
+build=$OUT/builds/$sources-$stamp
+if [ -f "$build/scheduling-webhook.oci.tar" ] && [ -f "$build/scheduling-webhook.tag" ]; then
+  printf '%s\n' "$build" >"$REPO/.image"
+  touch "$build"  # the newest builds are the ones kept
+  say "$TAG up to date ($build/scheduling-webhook.oci.tar)"
   exit 0
 fi
 start=$SECONDS
@@ -102,10 +109,13 @@ say "building $TAG from the Dockerfile"
   --build-arg "PYTHON_IMAGE=$BASE_TAG" --build-arg "VERSION=$VERSION" \
   -v /etc/ssl/certs:/etc/ssl/certs:ro \
   -t "$TAG" -f Dockerfile . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log" >&2; die "buildah build failed (log above)"; }
-rm -f "$OUT/scheduling-webhook.oci.tar"
-"${B[@]}" push -q "$TAG" "oci-archive:$OUT/scheduling-webhook.oci.tar:$TAG" >/dev/null
-printf '%s\n' "$TAG" >"$OUT/scheduling-webhook.tag"
-printf '%s\n' "$sources:$BASE_TAG:$stamp" >"$OUT/image-stamp"
+rm -rf "$build.part" && mkdir -p "$build.part"
+"${B[@]}" push -q "$TAG" "oci-archive:$build.part/scheduling-webhook.oci.tar:$TAG" >/dev/null
+printf '%s\n' "$TAG" >"$build.part/scheduling-webhook.tag"
+rm -rf "$build" && mv "$build.part" "$build"
+printf '%s\n' "$build" >"$REPO/.image"
 "${B[@]}" rmi --prune >/dev/null 2>&1 || true  # the images this build replaced
+# Builds beyond the newest few go (a clone still pointing at one rebuilds it with `make image`).
+ls -1dt "$OUT"/builds/*/ 2>/dev/null | tail -n +$((KEEP_BUILDS + 1)) | xargs -r rm -rf
 size=$("${B[@]}" images --format '{{.Size}}' "$TAG")
-say "$TAG built in $((SECONDS - start)) s: $size, archive $(du -h "$OUT/scheduling-webhook.oci.tar" | cut -f1) at $OUT/scheduling-webhook.oci.tar"
+say "$TAG built in $((SECONDS - start)) s: $size, archive $(du -h "$build/scheduling-webhook.oci.tar" | cut -f1) at $build"

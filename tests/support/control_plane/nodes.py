@@ -305,11 +305,14 @@ def pause_image_archive(pause_binary: Path, path: Path) -> Path:
 
 
 def image_archive() -> tuple[Path, str]:
-    """The image `make image` built (OCI archive) and its tag."""
-    folder = peers.peers_dir() / "image"
+    """The image `make image` built from this work tree (OCI archive) and its tag: the build
+    folder is named in the work tree's .image (hack/image/build.sh), as clones sharing PEERS_DIR
+    may have built different sources."""
+    pointer = peers.REPO / ".image"
+    folder = Path(pointer.read_text().strip()) if pointer.exists() else peers.peers_dir() / "image" / "builds" / "none"
     archive, tag = folder / "scheduling-webhook.oci.tar", folder / "scheduling-webhook.tag"
     if not archive.exists() or not tag.exists():
-        peers.missing(f"the image ({archive}; `make image` builds it)")
+        peers.missing(f"the image of this work tree ({archive}; `make image` builds it)")
     return archive, tag.read_text().strip()
 
 
