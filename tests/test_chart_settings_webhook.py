@@ -64,7 +64,8 @@ async def callers(kube_scope: KubeScope) -> AsyncIterator[dict[str, Caller]]:
 
     installers = [identities["installer"][0], f"group:system:serviceaccounts:{team}"]
     rendered = chart.render({"installers": installers}, scope.install_ns)
-    (configuration,) = [o for o in rendered if o["kind"] == "ValidatingWebhookConfiguration"]
+    (configuration,) = [o for o in rendered if o["kind"] == "ValidatingWebhookConfiguration"
+                        and any(h["name"] == HOOK for h in o["webhooks"])]  # fmt: skip
     configuration["metadata"] = {"name": scope.name("settings-guard")}
     configuration["webhooks"] = [h for h in configuration["webhooks"] if h["name"] == HOOK]
     await scope.create(configuration)
