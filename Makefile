@@ -93,6 +93,7 @@ manifests: $(STAMP)
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh helm
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m tests.support.chart
 	$(BIN)/python -m tests.support.values_reference
+	$(BIN)/python -m tests.support.policy_template
 
 # A kind cluster, the image built and loaded, the chart installed, the e2e suite, the cluster deleted.
 e2e-kind:

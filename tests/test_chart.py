@@ -25,8 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.support import chart, values_reference
+from tests.support import chart, policy_template, values_reference
 from tests.support.chart import HelmFailed
+from webhook.core.admission_policies import POLICY_NAME, policy_objects
 from webhook.core.workloads import WORKLOAD_KINDS
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
@@ -703,12 +704,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(rendered: list[dict[str, Any]]) ->
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
             # The only deletes: the install namespace's own GPU reservation ConfigMaps (swept by the
             # leader once their namespace is gone), and cluster-wide only the compiled admission
-            # policies' objects, by their names. The admin ClusterRole for users deletes
+            # policies' parameters, by their name. The admin ClusterRole for users deletes
             # departments of the aggregated API, which is a department delete, not an object's.
             if "delete" in rule["verbs"] and rule["apiGroups"] != ["scheduling.hopsworks.ai"]:
                 assert (kind, rule["resources"]) == ("Role", ["configmaps"]) or (
-                    kind == "ClusterRole"
-                    and rule.get("resourceNames") in (["scheduling-webhook-policy"], ["scheduling-webhook-pods"])
+                    kind == "ClusterRole" and rule.get("resourceNames") == ["scheduling-webhook-policy"]
                 ), rule
             assert not rule.get("nonResourceURLs")
 
@@ -736,13 +736,18 @@ def test_rbac_grants_what_the_server_needs(rendered: list[dict[str, Any]]) -> No
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert allows(cluster, "authentication.k8s.io", "tokenreviews", "create")
     assert allows(cluster, "authorization.k8s.io", "subjectaccessreviews", "create")
-    # The compiled admission policies: their parameter ConfigMaps and the policies, by name only.
-    for verb in ("create", "patch", "delete", "list", "watch"):
+    # The compiled admission policies: their parameter ConfigMaps by name only; the policies and
+    # bindings (the chart's) read by name, never written, and no ConfigMap read beyond the
+    # parameters (the apiserver would ask it of a writer of policies with ConfigMap parameters).
+    for verb in ("create", "patch", "delete", "list", "watch", "get"):
         assert allows(cluster, "", "configmaps", verb, "scheduling-webhook-policy"), verb
         assert not allows(cluster, "", "configmaps", verb, "settings"), verb
-    for resource in ("mutatingadmissionpolicies", "validatingadmissionpolicybindings"):
-        assert allows(cluster, "admissionregistration.k8s.io", resource, "patch", "scheduling-webhook-pods")
-        assert not allows(cluster, "admissionregistration.k8s.io", resource, "patch", "another-policy")
+    for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
+                     "validatingadmissionpolicies", "validatingadmissionpolicybindings"):  # fmt: skip
+        assert allows(cluster, "admissionregistration.k8s.io", resource, "get", "scheduling-webhook-pods")
+        assert not allows(cluster, "admissionregistration.k8s.io", resource, "get", "another-policy")
+        for verb in ("create", "patch", "update", "delete"):
+            assert not allows(cluster, "admissionregistration.k8s.io", resource, verb, "scheduling-webhook-pods")
 
     role = [r for o in rendered if o["kind"] == "Role" and o["metadata"]["namespace"] != "default" for r in o["rules"]]
     lease = env_value(container(rendered), "SCHEDULING_WEBHOOK_LEASE_NAME")
@@ -1266,6 +1271,33 @@ def test_certs_mode_helm_is_refused_without_a_cluster_unless_asked(ca_bundle: st
     for values in (given_ca(ca_bundle), {"certs": {"mode": "certManager"}}):
         chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "hopsworks", values=values)
     chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "hopsworks", "--set", chart.OFFLINE_CA)
+
+
+def test_the_admission_policies_template_is_generated_from_the_compiler() -> None:
+    assert policy_template.TEMPLATE.read_text() == policy_template.current(), (
+        "manifests/chart/templates/14-admission-policies.yaml is not what "
+        "webhook/core/admission_policies.py compiles: run `make manifests`"
+    )
+
+
+def test_the_admission_policies_render_only_where_the_apiserver_serves_them() -> None:
+    """Rendered with the value on and the kind served: the compiler's objects; without the kind
+    (helm template's built-in versions, a cluster before 1.36) or with the value off: none."""
+    kinds = ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy")
+
+    def rendered(values: dict[str, Any], *api_versions: str) -> list[dict[str, Any]]:
+        extra = [a for v in api_versions for a in ("--api-versions", v)]
+        text = chart.helm("template", chart.RELEASE, str(chart.CHART), "--namespace", "sw", "--set",
+                          chart.OFFLINE_CA, *extra, values=values)  # fmt: skip
+        return [o for o in yaml.safe_load_all(text) if o and o["kind"].removesuffix("Binding") in kinds
+                and o["metadata"]["name"] == POLICY_NAME]  # fmt: skip
+
+    served = rendered({}, policy_template.SERVED)
+    for obj in served:
+        obj["metadata"].pop("labels")
+    assert served == policy_objects("v1")
+    assert rendered({}) == []
+    assert rendered({"admissionPolicies": {"enabled": False}}, policy_template.SERVED) == []
 
 
 def test_the_values_reference_is_generated_from_the_schema() -> None:

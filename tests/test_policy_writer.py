@@ -1,6 +1,7 @@
-"""The leader keeps the compiled admission policies written (`webhook.policies.writer`), on the real
-apiserver with the chart's RBAC (`kube_scope`): pods created through the policies alone (no webhook
-is registered here) follow the settings and the project annotations as they change while pods are
+"""The leader keeps the compiled admission policies' parameters written (`webhook.policies.writer`),
+on the real apiserver with the chart's RBAC (`kube_scope`). The policies and bindings are the
+chart's: here the admin applies them, as `helm install` would. Pods created through the policies
+alone (no webhook is registered here) follow the settings and the project annotations as they change while pods are
 being created, a new project's pods are admitted once its parameters are written, and a namespace
 that stops being a project loses them. How soon each change showed in the stored pods is reported,
 not asserted (timings belong in benchmarks)."""
@@ -20,9 +21,9 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support.cluster import SCHEDULER
-from tests.support.kube_scope import KubeScope, eventually
+from tests.support.kube_scope import KubeScope, eventually, object_path
 from tests.support.runtime import start_runtime
-from webhook.core.admission_policies import GROUP, PARAMS_NAME, POLICY_NAME
+from webhook.core.admission_policies import GROUP, PARAMS_NAME, POLICY_NAME, policy_objects
 from webhook.kube.api import KubeApi
 from webhook.snapshot import ADMISSION_POLICIES_LABEL
 
@@ -50,21 +51,107 @@ async def _served(scope: KubeScope) -> bool:
     return any(r["kind"] == "MutatingAdmissionPolicy" for r in found["resources"])
 
 
+async def _delete_policies(scope: KubeScope) -> None:
+    for kind in POLICY_KINDS:
+        for name in (f"{kind}Binding", kind):
+            try:
+                await scope.delete(f"{GROUP}/v1", name, POLICY_NAME)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+async def _install_policies(scope: KubeScope) -> None:
+    """What the chart installs (templates/14-admission-policies.yaml), applied by the admin."""
+    for obj in policy_objects("v1"):
+        await scope.call("POST", object_path(obj, named=False), obj)
+
+
 @pytest.fixture
-async def policies_cleared(kube_scope: KubeScope) -> AsyncIterator[KubeScope]:
-    """The policies' names are the cluster's: they go after the test, before any other test's pods."""
+async def policies_absent(kube_scope: KubeScope) -> AsyncIterator[KubeScope]:
+    """The policies' names are the cluster's: none before the test, none after it, before any other
+    test's pods."""
     if not await _served(kube_scope):
         pytest.skip("the apiserver serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (before 1.36)")
+    await _delete_policies(kube_scope)
     try:
         yield kube_scope
     finally:
-        for kind in POLICY_KINDS:
-            for name in (f"{kind}Binding", kind):
-                try:
-                    await kube_scope.delete(f"{GROUP}/v1", name, POLICY_NAME)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+        await _delete_policies(kube_scope)
+
+
+@pytest.fixture
+async def policies_cleared(policies_absent: KubeScope) -> AsyncIterator[KubeScope]:
+    """The chart's policies and bindings, applied by the admin for the test."""
+    await _install_policies(policies_absent)
+    yield policies_absent
+
+
+async def _status(api: Any, method: str, path: str, body: Any = None) -> int:
+    try:
+        await api.call_api(path, method, body=body, header_params={"Content-Type": "application/json"},
+                           auth_settings=["BearerToken"])  # fmt: skip
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+async def test_the_servers_account_may_neither_write_policies_nor_read_any_configmap(
+    policies_absent: KubeScope,
+) -> None:
+    """Least privilege: the chart's RBAC lets the server write only the parameters. A policy write
+    or a read of another ConfigMap is refused (403); reading the chart's policies by name is not."""
+    scope = policies_absent
+    ns = await scope.namespace("other")
+    await scope.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "secretish", "namespace": ns},
+                        "data": {"k": "v"}})  # fmt: skip
+    mutating = policy_objects("v1")[0]
+    api = await scope.webhook_api_client()
+    try:
+        assert await _status(api, "POST", object_path(mutating, named=False), mutating) == 403
+        assert await _status(api, "GET", f"/api/v1/namespaces/{ns}/configmaps/secretish") == 403
+        assert await _status(api, "GET", object_path(mutating)) == 404  # may read it by name: not installed
+        await _install_policies(scope)
+        assert await _status(api, "GET", object_path(mutating)) == 200
+        assert await _status(api, "DELETE", object_path(mutating)) == 403
+    finally:
+        await api.close()
+
+
+async def test_without_the_charts_policies_the_leader_labels_no_namespace(
+    policies_absent: KubeScope, tmp_path: Path
+) -> None:
+    """`helm template` without the cluster's API versions leaves the policies out: a namespace
+    labelled for bindings that do not exist would be skipped by the webhooks and decided by
+    nothing. The leader writes nothing until the chart's objects are there, then catches up."""
+    scope = policies_absent
+    await scope.settings()
+    churn = await scope.namespace("churn")
+    runtime, _, _ = await start_runtime(tmp_path, scope, admission_policies=True)
+
+    async def labelled() -> bool:
+        found = await scope.get("v1", "Namespace", churn)
+        return (found or {})["metadata"].get("labels", {}).get(ADMISSION_POLICIES_LABEL) == "on"
+
+    try:
+        await eventually(lambda: runtime.policies.passes > 0, within_s=30, message="no pass")
+        assert not await labelled()
+        assert await scope.get("v1", "ConfigMap", PARAMS_NAME, churn) is None
+        await _install_policies(scope)
+        runtime.policies.resync_soon()
+        await eventually(labelled, within_s=15, message="not labelled once the policies are installed")
+        assert await scope.get("v1", "ConfigMap", PARAMS_NAME, churn) is not None
+        # The policies taken away (helm uninstall, or an upgrade without them): label and parameters go.
+        await _delete_policies(scope)
+        runtime.policies.resync_soon()
+        await eventually(lambda: not_(labelled()), within_s=15, message="still labelled without the policies")
+
+        async def params_gone() -> bool:
+            return await scope.get("v1", "ConfigMap", PARAMS_NAME, churn) is None
+
+        await eventually(params_gone, within_s=15, message="parameters left without the policies")
+    finally:
+        await runtime.shutdown()
 
 
 async def not_(check: Any) -> bool:

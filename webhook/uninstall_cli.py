@@ -21,7 +21,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from webhook.console.signouts import SIGNOUTS_CONFIGMAP
-from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME
+from webhook.core.admission_policies import PARAMS_NAME
 from webhook.core.uninstall import namespace_cleanup_patch
 from webhook.kube.api import KubeApi, KubeConflict, KubeError, KubeNotFound, raw_call
 from webhook.quota.reservations import RESERVATIONS_LABEL
@@ -31,7 +31,6 @@ from webhook.snapshot import ADMISSION_POLICIES_LABEL, RUNAI_MOVE_ANNOTATION, RU
 SERVER_PODS = "app.kubernetes.io/name=scheduling-webhook"
 LEASE = "scheduling-webhook-leader"
 CONFLICT_RETRIES = 5
-POLICY_KINDS = ("MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding")
 GUARD_WAIT_S = 60.0
 # Written only in a dry run, which the guard policy must refuse: no namespace ever carries it.
 GUARD_PROBE_LABEL = "scheduling.hopsworks.ai/uninstall-guard-probe"
@@ -74,7 +73,7 @@ async def _cleanup(namespace: str, wait_s: float, guard_policy: str = "") -> int
         # the label may be gone while the finalizer stays. The patch is None for the others.
         for ns in await kube.list_namespaces():
             await _clean_namespace(kube, ns)
-        await _delete_admission_policies(kube)
+        await _delete_policy_params(kube)
         listed = await raw_call(core.list_namespaced_config_map, namespace, call_path="background",
                                 label_selector=RESERVATIONS_LABEL)  # fmt: skip
         names = [o["metadata"]["name"] for o in listed.get("items") or ()] + [SIGNOUTS_CONFIGMAP]
@@ -90,15 +89,9 @@ async def _cleanup(namespace: str, wait_s: float, guard_policy: str = "") -> int
     return 0
 
 
-async def _delete_admission_policies(kube: KubeApi) -> None:
-    """The compiled policies' bindings, the policies, then their parameters in every namespace."""
-    for kind in (*POLICY_KINDS, *(k.removesuffix("Binding") for k in POLICY_KINDS)):
-        try:
-            await kube.delete_object(kind, POLICY_NAME)
-        except KubeError as exc:  # a cluster before 1.36 has no MutatingAdmissionPolicy
-            if exc.status != 404:
-                raise
-        say(f"{kind} {POLICY_NAME} deleted (or not there)")
+async def _delete_policy_params(kube: KubeApi) -> None:
+    """The compiled policies' parameters in every namespace; helm deleted the policies and
+    bindings with the release (templates/14-admission-policies.yaml)."""
     for obj in await kube.list_configmaps_named(PARAMS_NAME):
         where = obj["metadata"]["namespace"]
         await kube.delete_object("ConfigMap", PARAMS_NAME, where)

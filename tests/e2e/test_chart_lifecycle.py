@@ -275,7 +275,7 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     await cluster.eventually(finalized, f"{former} bound by the leader", within_s=60)
     await cluster.ok("label", "namespace", former, "hopsworks.ai/project-")
     compiled = _compiled_policies_served(cp)
-    if compiled:  # 1.36 and newer: the leader wrote the compiled policies and the projects' parameters
+    if compiled:  # 1.36 and newer: the chart installed the compiled policies, the leader wrote the parameters
 
         async def params_written() -> bool:
             result = await cluster.kubectl("get", "configmap", PARAMS_NAME, "-n", project)
@@ -312,7 +312,7 @@ async def test_uninstall_leaves_project_namespaces_that_delete_and_nothing_else(
     nothing_of_the_chart_left(cp)
     configmaps = {o["metadata"]["name"] for o in cp.get_json("configmaps", "-n", INSTALL_NS)["items"]}
     assert configmaps <= {"kube-root-ca.crt", "runai-projects-left"}, configmaps  # the record, left on purpose
-    if compiled:  # the uninstall Job deleted what the leader wrote
+    if compiled:  # helm deleted the policies with the release, the uninstall Job the leader's parameters
         kinds = ",".join(
             f"{kind}{suffix}"
             for kind in ("mutatingadmissionpolic", "validatingadmissionpolic")

@@ -339,20 +339,18 @@ def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:
     return None
 
 
-def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None) -> list[dict[str, Any]]:
-    """What the leader is to keep written (server-side apply): the policies and their bindings, and
-    the parameters of every project namespace whose pods they may take. None for the version (the
-    apiserver serves no MutatingAdmissionPolicy): nothing, the webhook decides every pod.
+def desired_params(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+    """The parameter ConfigMaps the leader is to keep written (server-side apply): one per project
+    namespace whose pods the policies may take. The policies and bindings are the chart's
+    (manifests/chart/templates/14-admission-policies.yaml, generated from `policy_objects`).
 
     With Run:ai on, a namespace not bound yet gets parameters that leave its pods to the webhook
     (`compiled` false): the webhook binds it on its first pod (R2). Without parameters the
     bindings would deny that pod before any webhook is called, and the namespace would wait for
     the leader's next reconcile pass."""
-    if mutating_api_version is None:
-        return []
     settings = snapshot.settings
     global_default = next((c for c in snapshot.priority_classes.values() if c.global_default), None)
-    objects = policy_objects(mutating_api_version)
+    objects: list[dict[str, Any]] = []
     for name in sorted(snapshot.namespaces):
         record = snapshot.namespaces[name]
         if PROJECT_LABEL not in record.labels:
@@ -362,3 +360,12 @@ def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None)
             params["compiled"] = "false"
         objects.append(params_config_map(name, params))
     return objects
+
+
+def desired_objects(snapshot: ClusterSnapshot, mutating_api_version: str | None) -> list[dict[str, Any]]:
+    """Everything a cluster with the policies on holds, in apply order: the policies and bindings
+    the chart installs, then the parameters the leader writes. None for the version (the
+    apiserver serves no MutatingAdmissionPolicy): nothing, the webhook decides every pod."""
+    if mutating_api_version is None:
+        return []
+    return policy_objects(mutating_api_version) + desired_params(snapshot)

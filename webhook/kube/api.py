@@ -236,6 +236,17 @@ class KubeApi:
         except KubeNotFound:
             return
 
+    async def get_admission_object(self, kind: str, name: str, *, call_path: CallPath = "background") -> Obj | None:
+        """One admission policy or binding of admissionregistration.k8s.io/v1, or None when absent."""
+        if kind not in _APPLIED_ADMISSION_KINDS:
+            raise ValueError(f"not an admission policy kind: {kind}")
+        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
+        read = getattr(client.AdmissionregistrationV1Api(self.api_client), f"read_{snake}")
+        try:
+            return await raw_call(read, name, call_path=call_path)
+        except KubeNotFound:
+            return None
+
     async def list_configmaps_named(self, name: str, *, call_path: CallPath = "background") -> list[Obj]:
         """The ConfigMaps of this name in every namespace (a field selector on the name, which RBAC
         can grant by resourceNames)."""

@@ -1,8 +1,13 @@
-"""The leader keeps the compiled admission policies written (`core.admission_policies`).
+"""The leader keeps the parameters of the compiled admission policies written
+(`core.admission_policies`), and the namespace label their bindings select.
+
+The policies and bindings themselves are static and installed by the chart
+(templates/14-admission-policies.yaml): the server may not write admission policies, nor `get`
+every ConfigMap, which the apiserver demands of whoever writes a policy with ConfigMap parameters.
 
 Every replica follows its caches; only the Lease holder writes (`run`, started and cancelled with
-leadership, beside the Run:ai reconciler). A pass computes what should exist from the snapshot
-(`desired_objects`) and applies by server-side apply, under one field manager, what differs from
+leadership, beside the Run:ai reconciler). A pass computes the parameters from the snapshot
+(`desired_params`) and applies by server-side apply, under one field manager, what differs from
 what this leader last wrote or saw; it deletes the parameters of namespaces that are no longer
 projects. Nothing here is on the request path: the apiserver reads the objects from its own
 informers.
@@ -10,11 +15,13 @@ informers.
 - When: at once on any cache write a namespace plan is made of (a Namespace, a PriorityClass, the
   settings, Kueue's objects; never a Pod or ReplicaSet), and every `resync_s`, when the parameters
   are listed again so that one deleted or changed by hand is put back.
-- Order: parameters before the bindings that deny without them; when the policies are off or the
-  apiserver no longer serves them, the bindings go before the policies and the parameters.
-- Where: only while the apiserver serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy
-  (asked once per leadership) and the install enables it. Disabled, a leader deletes what an
-  earlier enabled install left, so that no stale binding denies a new project's pods.
+- Order: a namespace's parameters before its label, which lets the bindings select it; the label
+  goes before the parameters.
+- Where: only while the install enables it and the chart's four policy objects exist (read by name
+  at each resync): `helm template` without the cluster's API versions leaves them out, and a
+  namespace labelled without bindings would be decided by neither the policies nor the webhooks
+  (whose selectors skip labelled namespaces). Otherwise a leader takes the label off and deletes
+  the parameters an earlier pass wrote, so that the webhooks decide every pod.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from webhook.core.admission_policies import (
     POLICIES_ON,
     POLICY_NAME,
     decided_by_policies,
-    desired_objects,
+    desired_params,
 )
 from webhook.kube.api import KubeApi, KubeError, KubeNotFound, Obj
 from webhook.snapshot import ADMISSION_POLICIES_LABEL, ClusterSnapshot
@@ -44,8 +51,13 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "scheduling-webhook"
 # Kinds whose writes never change a namespace plan: no pass for them.
 _IGNORED_KINDS = frozenset({"Pod", "ReplicaSet", "Deployment"})
-_BINDINGS = ("MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding")
-_POLICIES = ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy")
+# The chart's objects (templates/14-admission-policies.yaml), all named POLICY_NAME.
+_INSTALLED = (
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
 _DEFAULT_RESYNC_S = 60.0
 _BACKOFF_MAX_S = 30.0
 
@@ -95,7 +107,7 @@ class PolicyWriter:
         self._written.clear()
         backoff = 1.0
         try:
-            version = await self._served_version()
+            installed = False
             next_resync = 0.0
             while True:
                 self._wake.clear()
@@ -104,21 +116,28 @@ class PolicyWriter:
                     continue
                 now = time.monotonic()
                 try:
-                    if version is None or not self.enabled:
-                        await self._remove_all()
-                        return
-                    if now >= next_resync or self._resync_due:
+                    checked = now >= next_resync or self._resync_due
+                    if checked:
                         self._resync_due = False
-                        await self._read_back()
+                        installed = self.enabled and await self._installed()
+                        if installed:
+                            await self._read_back()
                         next_resync = now + self.resync_s
-                    snapshot = self.state.snapshot()
-                    await self._write(desired_objects(snapshot, version), snapshot)
+                    if not installed:
+                        if checked:  # between reads of the chart's objects, nothing to take back
+                            await self._remove_all()
+                        if not self.enabled:
+                            return
+                    else:
+                        snapshot = self.state.snapshot()
+                        await self._write(desired_params(snapshot), snapshot)
                     self.passes += 1
                     backoff = 1.0
                 except (KubeError, OSError, TimeoutError) as exc:
                     log.warning("admission policies: pass failed (%s); again in %.0f s", exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                    self._resync_due = True  # the retry reads everything again
                     self._wake.set()
                     continue
                 await wait_for_event(self._wake, max(0.0, next_resync - time.monotonic()))
@@ -126,33 +145,19 @@ class PolicyWriter:
             with contextlib.suppress(ValueError):
                 self.state.listeners.remove(self.on_cluster_event)
 
-    async def _served_version(self) -> str | None:
-        """ "v1" when the apiserver serves MutatingAdmissionPolicy there; else None (policies off)."""
-        while True:
-            try:
-                kinds = await self.kube.served_admission_kinds()
-            except (KubeError, OSError, TimeoutError) as exc:
-                log.warning("admission policies: discovery failed (%s); asking again", exc)
-                await asyncio.sleep(2.0)
-                continue
-            served = "MutatingAdmissionPolicy" in kinds
-            log.info(
-                "admission policies: %s",
-                "on"
-                if served and self.enabled
-                else "off (disabled by the install)"
-                if served
-                else "off (the apiserver serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy)",
-            )
-            return "v1" if served else None
+    async def _installed(self) -> bool:
+        """Whether the chart's policies and bindings are all there (read by name)."""
+        missing = [k for k in _INSTALLED if await self.kube.get_admission_object(k, POLICY_NAME) is None]
+        if missing:
+            log.info("admission policies: off (not installed: %s)", ", ".join(missing))
+        return not missing
 
     async def _read_back(self) -> None:
         """What is stored now replaces what this leader remembers of the parameters, so that a
         ConfigMap changed or deleted by anyone else is written again, and one of a namespace that
-        left the projects while no leader watched is found and deleted. The four policy objects
-        are forgotten, so they are applied again (a no-op when unchanged)."""
+        left the projects while no leader watched is found and deleted."""
         found = await self.kube.list_configmaps_named(PARAMS_NAME)
-        self._written = {}  # the policies and bindings are applied again: one may have been deleted
+        self._written = {}
         for obj in found:
             meta = obj.get("metadata") or {}
             stored_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace")}
@@ -163,8 +168,8 @@ class PolicyWriter:
 
     async def _write(self, desired: list[Obj], snapshot: ClusterSnapshot) -> None:
         """Namespaces the policies no longer decide lose the label first (the webhooks take their
-        pods back before anything else changes), then the objects are applied, then namespaces the
-        policies now decide, whose parameters exist, get it."""
+        pods back before anything else changes), then the parameters are applied, then namespaces
+        the policies now decide, whose parameters exist, get it."""
         labelled = {
             name: record
             for name, record in snapshot.namespaces.items()
@@ -174,10 +179,9 @@ class PolicyWriter:
             if record.is_project and not decided_by_policies(record, snapshot):
                 await self._label(name, None)
         wanted = {_key(o): o for o in desired}
-        params = [o for o in desired if o["kind"] == "ConfigMap"]
-        others = [o for o in desired if o["kind"] != "ConfigMap"]
+        params = desired
         changed = 0
-        for obj in params + others:
+        for obj in params:
             key = _key(obj)
             content = _content(obj)
             if self._written.get(key) == content:
@@ -193,29 +197,23 @@ class PolicyWriter:
                 await self._label(name, POLICIES_ON)
         gone = [k for k in self._written if k not in wanted]
         for kind, namespace, name in gone:
-            if kind == "ConfigMap":
-                await self.kube.delete_object(kind, name, namespace)
+            await self.kube.delete_object(kind, name, namespace)
             del self._written[(kind, namespace, name)]
         if changed or gone:
-            log.info("admission policies: %d object(s) applied, %d parameter ConfigMap(s) deleted", changed, len(gone))
+            log.info("admission policies: %d parameter ConfigMap(s) applied, %d deleted", changed, len(gone))
 
     async def _label(self, namespace: str, value: str | None) -> None:
         with contextlib.suppress(KubeNotFound):  # deleted meanwhile
             await self.kube.patch_namespace(namespace, {"metadata": {"labels": {ADMISSION_POLICIES_LABEL: value}}})
 
     async def _remove_all(self) -> None:
-        """What an enabled install wrote, taken back: the namespaces' label first (the webhooks
-        take their pods back), then bindings, policies and the parameters."""
+        """What an earlier pass wrote, taken back: the namespaces' label first (the webhooks take
+        their pods back), then the parameters. The policies and bindings are the chart's."""
+        self._written.clear()
         for record in list(self.state.snapshot().namespaces.values()):
             if ADMISSION_POLICIES_LABEL in record.labels and record.is_project:
                 await self._label(record.name, None)
-        for kind in (*_BINDINGS, *_POLICIES):
-            with contextlib.suppress(KubeError):  # 403: RBAC no longer grants them, nothing was written
-                await self.kube.delete_object(kind, POLICY_NAME)
-        try:
-            found = await self.kube.list_configmaps_named(PARAMS_NAME)
-        except KubeError:
-            return
+        found = await self.kube.list_configmaps_named(PARAMS_NAME)
         for obj in found:
             meta = obj.get("metadata") or {}
             await self.kube.delete_object("ConfigMap", PARAMS_NAME, str(meta.get("namespace")))
