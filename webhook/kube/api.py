@@ -23,8 +23,9 @@ from webhook.metrics import REMOTE_CALLS, CallPath
 
 Obj = dict[str, Any]  # a Kubernetes object as raw JSON
 
-# The admissionregistration.k8s.io/v1 kinds `KubeApi.apply` writes (the compiled admission policies).
-_APPLIED_ADMISSION_KINDS = frozenset({
+# The admissionregistration.k8s.io/v1 kinds of the compiled admission policies, which the chart
+# installs and the server only reads (`KubeApi.get_admission_object`).
+_ADMISSION_POLICY_KINDS = frozenset({
     "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 })  # fmt: skip
@@ -198,27 +199,21 @@ class KubeApi:
         except KubeNotFound:
             return
 
-    # -- objects of a few kinds, by server-side apply -------------------------------------------
-    def _kind_calls(self, kind: str) -> tuple[Any, Any]:
-        """(patch, delete) of the typed client for `kind`: the kinds this server applies."""
-        if kind == "ConfigMap":
-            return self.core.patch_namespaced_config_map, self.core.delete_namespaced_config_map
-        admission = client.AdmissionregistrationV1Api(self.api_client)
-        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
-        if kind not in _APPLIED_ADMISSION_KINDS:
+    # -- the compiled admission policies' parameters, by server-side apply -----------------------
+    @staticmethod
+    def _only_configmaps(kind: str) -> None:
+        # The server writes no admission policy (the chart does): nothing else is applied here.
+        if kind != "ConfigMap":
             raise ValueError(f"no server-side apply for kind {kind}")
-        return getattr(admission, f"patch_{snake}"), getattr(admission, f"delete_{snake}")
 
     async def apply(self, obj: Mapping[str, Any], field_manager: str, *, call_path: CallPath = "background") -> Obj:
-        """Server-side apply of `obj` (a ConfigMap, or an admission policy or binding of
-        admissionregistration.k8s.io/v1), taking over fields another manager set (force)."""
+        """Server-side apply of a ConfigMap, taking over fields another manager set (force)."""
+        self._only_configmaps(obj["kind"])
         meta = obj["metadata"]
-        patch, _ = self._kind_calls(obj["kind"])
-        where = [meta["namespace"]] if obj["kind"] == "ConfigMap" else []
         return await raw_call(
-            patch,
+            self.core.patch_namespaced_config_map,
             meta["name"],
-            *where,
+            meta["namespace"],
             dict(obj),
             call_path=call_path,
             field_manager=field_manager,
@@ -230,15 +225,15 @@ class KubeApi:
         self, kind: str, name: str, namespace: str | None = None, *, call_path: CallPath = "background"
     ) -> None:
         """Delete one object of a kind `apply` writes; absent is fine."""
-        _, delete = self._kind_calls(kind)
+        self._only_configmaps(kind)
         try:
-            await raw_call(delete, name, *([namespace] if namespace else []), call_path=call_path)
+            await raw_call(self.core.delete_namespaced_config_map, name, namespace, call_path=call_path)
         except KubeNotFound:
             return
 
     async def get_admission_object(self, kind: str, name: str, *, call_path: CallPath = "background") -> Obj | None:
         """One admission policy or binding of admissionregistration.k8s.io/v1, or None when absent."""
-        if kind not in _APPLIED_ADMISSION_KINDS:
+        if kind not in _ADMISSION_POLICY_KINDS:
             raise ValueError(f"not an admission policy kind: {kind}")
         snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
         read = getattr(client.AdmissionregistrationV1Api(self.api_client), f"read_{snake}")
@@ -265,13 +260,6 @@ class KubeApi:
             if not token:
                 return items
             more = {"_continue": token}
-
-    async def served_admission_kinds(self, *, call_path: CallPath = "background") -> list[str]:
-        """The kinds admissionregistration.k8s.io/v1 serves (discovery)."""
-        found = await raw_call(
-            client.AdmissionregistrationV1Api(self.api_client).get_api_resources, call_path=call_path
-        )
-        return [str(r.get("kind")) for r in found.get("resources") or () if "/" not in str(r.get("name", ""))]
 
     # -- events ------------------------------------------------------------------------------
     async def create_event(
