@@ -15,8 +15,8 @@ informers.
 - When: at once on any cache write a namespace plan is made of (a Namespace, a PriorityClass, the
   settings, Kueue's objects; never a Pod or ReplicaSet), and every `resync_s`, when the parameters
   are listed again so that one deleted or changed by hand is put back.
-- Order: a namespace's parameters before its label, which lets the bindings select it; the label
-  goes before the parameters.
+- Order: a namespace's parameters before its label, which lets the bindings select it; when they
+  are taken back, the label before the parameters.
 - Where: only while the install enables it and the chart's four policy objects exist (read by name
   at each resync): `helm template` without the cluster's API versions leaves them out, and a
   namespace labelled without bindings would be decided by neither the policies nor the webhooks
@@ -91,6 +91,7 @@ class PolicyWriter:
         self._written: dict[Key, str] = {}  # what this leader applied, or found already there
         self.passes = 0  # completed passes (tests wait on it)
         self._resync_due = False
+        self._missing: list[str] | None = None  # the chart's objects found missing at the last read
 
     def resync_soon(self) -> None:
         """Read the parameters back at the next pass, as at each resync."""
@@ -148,8 +149,9 @@ class PolicyWriter:
     async def _installed(self) -> bool:
         """Whether the chart's policies and bindings are all there (read by name)."""
         missing = [k for k in _INSTALLED if await self.kube.get_admission_object(k, POLICY_NAME) is None]
-        if missing:
-            log.info("admission policies: off (not installed: %s)", ", ".join(missing))
+        if missing != self._missing:  # said once per change, not at every resync
+            log.info("admission policies: %s", f"off (not installed: {', '.join(missing)})" if missing else "on")
+            self._missing = missing
         return not missing
 
     async def _read_back(self) -> None:
