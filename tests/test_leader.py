@@ -18,6 +18,7 @@ from tests.support.fixtures import remote_calls
 from tests.support.https import wait_until
 from tests.support.kube_scope import KubeScope
 from webhook.kube.leader import LeaderElector, LeaseTiming
+from webhook.runai.integration import keep_running
 
 LEASE = "scheduling-webhook-leader"  # the one Lease the chart's Role lets the webhook read and renew
 TIMING = LeaseTiming(lease_duration_s=1.0, renew_deadline_s=0.5, retry_period_s=0.1, request_timeout_s=1.0)
@@ -130,3 +131,17 @@ async def test_the_successor_names_the_holders_it_took_the_lease_over_from(
     await wait_until(lambda: c.elector.is_leader, within=10, what="c takes over")
     assert c.elector.predecessors == ("b",)
     assert a.elector.predecessors == ()  # the first leader took it over from nobody
+
+
+async def test_leader_work_that_fails_starts_again_and_ends_when_it_returns() -> None:
+    """A leader's work (the reconciler, the policy writer) that raises is started again after a
+    backoff: otherwise the replica keeps the Lease with that work stopped until it restarts."""
+    calls: list[int] = []
+
+    async def work() -> None:
+        calls.append(len(calls))
+        if len(calls) < 3:
+            raise ValueError("a stored object the pass cannot handle")
+
+    await asyncio.wait_for(keep_running(work, backoff=0.01, backoff_max=0.02), timeout=5)
+    assert calls == [0, 1, 2]

@@ -36,6 +36,30 @@ from webhook.state.store import ClusterState
 from webhook.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+# A leader's work that failed starts again after this, doubling up to the maximum.
+LEADER_WORK_BACKOFF_S = 1.0
+LEADER_WORK_BACKOFF_MAX_S = 60.0
+
+
+async def keep_running(
+    work: Callable[[], Awaitable[None]],
+    backoff: float = LEADER_WORK_BACKOFF_S,
+    backoff_max: float = LEADER_WORK_BACKOFF_MAX_S,
+) -> None:
+    """`work` until it returns: a failure is logged and `work` starts again after a backoff."""
+    while True:
+        try:
+            await work()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "leader work %s failed; started again in %.0f s", getattr(work, "__qualname__", work), backoff
+            )
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, backoff_max)
+
 
 ClientFactory = Callable[[ClusterSettings], RunaiClient]
 DEFAULT_SECRET_DIR = Path("/var/run/secrets/runai")
@@ -164,19 +188,12 @@ class RunaiIntegration:
 
     async def _lead(self) -> None:
         """The reconciler and the other leader work side by side: a failure of one is logged and
-        leaves the rest running."""
-
-        async def guarded(work: Callable[[], Awaitable[None]]) -> None:
-            try:
-                await work()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("leader work %s failed", getattr(work, "__qualname__", work))
+        leaves the rest running, and the failed one starts again after a backoff, for as long as
+        this process leads (a leader whose work had ended would hold the Lease doing nothing)."""
 
         async with asyncio.TaskGroup() as group:
             for work in (self.reconciler.run, *self._leader_work):
-                group.create_task(guarded(work))
+                group.create_task(keep_running(work))
 
     @classmethod
     async def start(
