@@ -38,9 +38,7 @@ async def start(tmp_path: Path, certs: CertFiles, **options: Any) -> tuple[Runti
         admission_port=free_port(),
         certs=certs.dir,
         state_dir=state,
-        drain_seconds=0.0,
-        linger_seconds=0.0,
-        **options,
+        **{"drain_seconds": 0.0, "linger_seconds": 0.0, **options},
     )
     runtime = Runtime(serve)
     await runtime.start()

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.https import LOOPBACK, SERVICE_HOST, CertFiles, client_ssl_context, free_port, make_cert_files
+from tests.support.https import LOOPBACK, SERVICE_HOST, CertFiles, client_ssl_context, make_cert_files
 from tests.support.reviews import pod_review
-from webhook.runtime import Runtime, ServeOptions
+from tests.test_admission_port import start as start_with_admission_port
+from webhook.runtime import Runtime
 
 EXAMPLE_CLUSTER = Path(__file__).resolve().parents[1] / "examples" / "cluster"
 DRAIN_SECONDS = 0.5
@@ -64,19 +63,9 @@ class Connection:
 
 
 async def start(tmp_path: Path, certs: CertFiles, linger_seconds: float) -> tuple[Runtime, int]:
-    state = tmp_path / "state"
-    shutil.copytree(EXAMPLE_CLUSTER, state)
-    options = ServeOptions(
-        host=LOOPBACK,
-        port=free_port(),
-        admission_port=free_port(),
-        certs=certs.dir,
-        state_dir=state,
-        drain_seconds=DRAIN_SECONDS,
-        linger_seconds=linger_seconds,
+    runtime, _ = await start_with_admission_port(
+        tmp_path, certs, drain_seconds=DRAIN_SECONDS, linger_seconds=linger_seconds
     )
-    runtime = Runtime(options)
-    await runtime.start()
     assert runtime.admission_port is not None
     return runtime, runtime.admission_port
 
@@ -114,9 +103,8 @@ async def test_a_connection_held_through_the_drain_is_answered_and_told_to_close
         assert await idle.closed_by_server(within=5)
 
         # Every client closed its connection: the stop goes on without waiting out the linger.
-        started = time.monotonic()
-        await asyncio.wait_for(stopping, timeout=25)
-        assert time.monotonic() - started < 25
+        # The linger is 30 s: a stop that waited it out would miss this bound.
+        await asyncio.wait_for(stopping, timeout=20)
     finally:
         busy.close()
         idle.close()
