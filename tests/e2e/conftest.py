@@ -179,6 +179,21 @@ def local_install(real_control_plane: ControlPlane, pytestconfig: pytest.Config)
         yield inst
 
 
+@contextlib.contextmanager
+def own_control_plane(prefix: str, why: str) -> Iterator[ControlPlane]:
+    """A control plane with real nodes for one module, beside the session's: for tests that break
+    or reinstall what the session's other tests rely on (`why` is the skip reason on a given cluster)."""
+    if os.environ.get(KUBECONFIG_ENV):
+        pytest.skip(f"a given cluster is in use: {why}")
+    dir = Path(tempfile.mkdtemp(prefix=f"swh-{prefix}-plane-"))
+    try:
+        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp:
+            apply_priority_classes(cp)
+            yield cp
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+
+
 def kubectl_bin() -> str:
     return str(peers.binary("kubectl"))
 

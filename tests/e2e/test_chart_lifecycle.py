@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shlex
-import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import KUBECONFIG_ENV, Cluster, _report, apply_priority_classes
+from tests.e2e.conftest import Cluster, _report, own_control_plane
 from tests.support import chart, peers
-from tests.support.control_plane.cluster import ControlPlane, control_plane
+from tests.support.control_plane.cluster import ControlPlane
 from tests.support.control_plane.install import (
     INSTALL_NS,
     RUNAI_NAMESPACE,
@@ -38,7 +35,7 @@ from tests.support.control_plane.install import (
     helm_install,
     installed,
 )
-from tests.support.control_plane.nodes import DEFAULT_REAL_NODES, REAL_NODE_TAINT, image_archive
+from tests.support.control_plane.nodes import REAL_NODE_TAINT, image_archive
 from tests.support.control_plane.rest import Rest
 from tests.support.pod_creations import Creations
 from webhook.core.admission_policies import PARAMS_NAME, POLICY_NAME
@@ -57,15 +54,8 @@ CONFLICT = "Kueue and Run:ai cannot both be on"
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    if os.environ.get(KUBECONFIG_ENV):
-        pytest.skip("a given cluster is in use: helm install and uninstall need a control plane of their own")
-    dir = Path(tempfile.mkdtemp(prefix="swh-chart-plane-"))
-    try:
-        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp:
-            apply_priority_classes(cp)
-            yield cp
-    finally:
-        shutil.rmtree(dir, ignore_errors=True)
+    with own_control_plane("chart", "helm install and uninstall need a control plane of their own") as cp:
+        yield cp
 
 
 @pytest.fixture(scope="module")

@@ -13,21 +13,16 @@ every module that precedes it, run in smaller groups)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.e2e.conftest import KUBECONFIG_ENV, Cluster, apply_priority_classes
+from tests.e2e.conftest import Cluster, own_control_plane
 from tests.e2e.test_kubectl import offer_scheduling, pod
 from tests.support import peers
-from tests.support.control_plane.cluster import control_plane
 from tests.support.control_plane.install import Install, installed
-from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
 from webhook.core.admission_policies import PARAMS_NAME
 from webhook.metrics import ADMISSION_OUTCOMES
 from webhook.snapshot import ADMISSION_POLICIES_LABEL
@@ -39,16 +34,11 @@ LABEL = ADMISSION_POLICIES_LABEL
 
 @pytest.fixture(scope="module")
 def release() -> Iterator[Install]:
-    if os.environ.get(KUBECONFIG_ENV):
-        pytest.skip("a given cluster is in use: this test scales the install and needs a control plane of its own")
-    dir = Path(tempfile.mkdtemp(prefix="swh-narrowed-plane-"))
-    try:
-        with control_plane(dir, real_nodes=DEFAULT_REAL_NODES) as cp:
-            apply_priority_classes(cp)
-            with installed(cp, dir / "install") as inst:
-                yield inst
-    finally:
-        shutil.rmtree(dir, ignore_errors=True)
+    with (
+        own_control_plane("narrowed", "this test scales the install and needs a control plane of its own") as cp,
+        installed(cp, cp.dir / "install") as inst,
+    ):
+        yield inst
 
 
 @pytest.fixture
