@@ -101,8 +101,18 @@ def test_the_config_map_is_the_one_the_bindings_name() -> None:
     assert objects[0]["apiVersion"] == "admissionregistration.k8s.io/v1beta1"
     for binding in objects[1::2]:
         assert binding["spec"]["policyName"] == POLICY_NAME
-        assert binding["spec"]["paramRef"] == {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}
+    assert objects[1]["spec"]["paramRef"] == {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}
     assert params_config_map("fraud", {"a": "b"})["metadata"]["name"] == PARAMS_NAME
+
+
+def test_the_validating_policy_reads_no_parameters() -> None:
+    """Each policy reads the parameters from the apiserver's informer at its own moment: a refusal
+    judged by the validating policy from a second reading could contradict the defaults the
+    mutating one wrote from the first (a default class taken out of the subset by the same change
+    refused a pod that chose nothing). Every refusal is decided in the mutating policy."""
+    _, _, validating, binding = policy_objects("v1")
+    assert "paramKind" not in validating["spec"] and "paramRef" not in binding["spec"]
+    assert "params." not in json.dumps(validating)
 
 
 @pytest.mark.parametrize(

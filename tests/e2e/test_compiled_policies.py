@@ -119,6 +119,13 @@ PODS = [
     Pod("with labels", labels={"app": "x"}),
     Pod("17 own terms", spec=_terms(*({"matchExpressions": [_expr("disk", "In", f"d{i}")]} for i in range(17)))),
     Pod("9 own terms", spec=_terms(*({"matchExpressions": [_expr("disk", "In", f"d{i}")]} for i in range(9)))),
+    Pod(
+        "17 own terms and a class outside the subset",
+        spec={
+            **_terms(*({"matchExpressions": [_expr("disk", "In", f"d{i}")]} for i in range(17))),
+            "priorityClassName": "urgent",
+        },
+    ),
 ]
 
 
@@ -241,6 +248,8 @@ REFUSED = {
     ("churn", "17 own terms"),
     ("fraud", "17 own terms"),
     ("fraud", "9 own terms"),  # 9 terms x 2 affinity keys
+    ("churn", "17 own terms and a class outside the subset"),  # both refusals, joined
+    ("fraud", "17 own terms and a class outside the subset"),
 }
 
 
@@ -319,3 +328,47 @@ def test_a_changed_default_takes_effect_soon_then_stays(cp: ControlPlane, pytest
             f"sent {last_old_sent - write_done:+.3f} s and first with the new one {first_new_sent - write_done:+.3f} s "
             f"after it returned; {len(classes)} pods, {len(classes) - first_new} with the new default"
         )
+
+
+def test_a_default_moved_out_of_the_subset_refuses_no_pod_while_the_change_lands(cp: ControlPlane) -> None:
+    """An operator makes `batch` the default and takes `normal` out of the subset, and back, while
+    pods that choose nothing are created. Each policy reads the parameters from the apiserver's
+    informer at its own moment; a pod whose default was written from the parameters of before must
+    not be judged by those of after. Flipped many times under concurrent creations, the window
+    between the two readings is hit: with the class judged again by the validating policy, pods
+    were refused "priority class normal not available"."""
+    moved: dict[str, Any] = copy.deepcopy(SCHEDULER)
+    moved["project"]["priorityClasses"] = ["batch"]
+    moved["defaults"]["priorityClass"] = "batch"
+    states = []
+    for scheduler in (SCHEDULER, moved):
+        snapshot = cluster_state(namespaces=PROJECTS, scheduler=scheduler).snapshot()
+        states.append(policy_params(make_plan(snapshot.namespaces["churn"], snapshot), None))
+    assert states[0]["allowedPriorityClasses"] == "batch,normal" and states[1]["allowedPriorityClasses"] == "batch"
+    classes: list[str | None] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def create_pods() -> None:
+        while not stop.is_set():
+            stored, message = _create(cp, _manifest(Pod("plain"), "plain", "churn"))
+            if stored is None:
+                refused.append(message)
+            else:
+                classes.append(stored["spec"].get("priorityClassName"))
+
+    creators = [threading.Thread(target=create_pods) for _ in range(4)]
+    for creator in creators:
+        creator.start()
+    path = f"/api/v1/namespaces/churn/configmaps/{PARAMS_NAME}"
+    try:
+        for flip in range(60):
+            _call(cp, "PATCH", path, {"data": states[flip % 2]}, "application/merge-patch+json")
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for creator in creators:
+            creator.join()
+        _write_params(cp, cluster_state(namespaces=PROJECTS).snapshot())
+    assert refused == [], (len(refused), len(classes), refused[:3])
+    assert {"normal", "batch"} <= set(classes), set(classes)  # both states were in force

@@ -138,9 +138,6 @@ _FRESH_TERMS = (
 )
 
 # The webhook's bound on a pod's required terms (`scheduling._inject_node_affinity`), in its words.
-# A policy cannot refuse, so the mutation writes the refusal into an annotation that the validating
-# policy then refuses with; the pod is never stored with it.
-REFUSAL_ANNOTATION = "scheduling.hopsworks.ai/policy-refusal"
 _TERMS_REFUSAL = """
 variables.affinity.size() == 0 && variables.excluded.size() == 0 ? '' :
 variables.own.size() > int(params.data.maxTerms) ?
@@ -156,6 +153,42 @@ _TERM_COUNT = (
     "variables.own.size() == 0 ? (variables.affinity.size() == 0 ? 1 : variables.affinity.size()) : "
     "variables.own.size() * (variables.affinity.size() == 0 ? 1 : variables.affinity.size())"
 )
+# S1/S3: a pod that names no class, or only the cluster's globalDefault one that the Priority
+# plugin wrote in (unless the workload asked for it with the annotation), gets the default class
+# with its value and preemption policy: the Priority plugin ran before any policy.
+_NAMED_NOTHING = (
+    "!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
+    "(object.spec.priorityClassName == params.data.globalDefaultClass && !("
+    f"{_has_annotation(PRIORITY_CLASS_ANNOTATION)} && "
+    f"object.metadata.annotations['{PRIORITY_CLASS_ANNOTATION}'] == object.spec.priorityClassName))"
+)
+
+# The webhook's message for a class outside the subset (`choices.not_allowed`), word for word.
+_CLASS_MESSAGE = (
+    "'priority class ' + object.spec.priorityClassName + ' not available in project ' + "
+    "namespaceObject.metadata.name + '; allowed: ' + "
+    "(variables.allowed.size() == 0 ? 'none' : variables.allowed.join(', '))"
+)
+
+
+_CLASS_REFUSAL = (
+    f"params.data.enforcePriorityClasses != 'true' || {_NAMED_NOTHING} || "
+    f"object.spec.priorityClassName in variables.allowed ? '' : {_CLASS_MESSAGE}"
+)
+# The webhook's refusals joined as it joins them (`scheduling.mutate_target`): affinity, then class.
+_REFUSAL = (
+    "variables.termsRefusal != '' && variables.classRefusal != '' ? "
+    "variables.termsRefusal + '; ' + variables.classRefusal : variables.termsRefusal + variables.classRefusal"
+)
+
+# A policy cannot refuse, so the mutating policy writes its refusal into an annotation that the
+# validating policy refuses with; the pod is never stored with it. Every refusal is decided in the
+# mutating policy, in the one evaluation that also writes the defaults, from one reading of the
+# parameters: the two policies each read them from the apiserver's informer at their own moment,
+# so a validation that read them again could judge a default written from the parameters of before
+# by those of after (a settings change that takes the default class out of the subset would then
+# refuse a pod that chose nothing). The validating policy therefore reads no parameters.
+REFUSAL_ANNOTATION = "scheduling.hopsworks.ai/policy-refusal"
 _ESCAPED_REFUSAL = REFUSAL_ANNOTATION.replace("/", "~1")
 _REFUSAL_PATCH = f"""
 variables.refusal == '' ? [] :
@@ -175,16 +208,6 @@ variables.refusal != '' || (variables.affinity.size() == 0 && variables.excluded
 [JSONPatch{{op: 'add', path: '/spec/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms', value: variables.combined}}]
 """.strip()
 
-# S1/S3: a pod that names no class, or only the cluster's globalDefault one that the Priority
-# plugin wrote in (unless the workload asked for it with the annotation), gets the default class
-# with its value and preemption policy: the Priority plugin ran before any policy.
-_NAMED_NOTHING = (
-    "!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
-    "(object.spec.priorityClassName == params.data.globalDefaultClass && !("
-    f"{_has_annotation(PRIORITY_CLASS_ANNOTATION)} && "
-    f"object.metadata.annotations['{PRIORITY_CLASS_ANNOTATION}'] == object.spec.priorityClassName))"
-)
-
 _PRIORITY_PATCH = f"""
 params.data.priorityClassName == '' || !({_NAMED_NOTHING}) ? [] : [
   JSONPatch{{op: 'add', path: '/spec/priorityClassName', value: params.data.priorityClassName}},
@@ -198,13 +221,6 @@ params.data.runaiQueue == '' ? [] :
   value: {{'{RUNAI_QUEUE_LABEL}': params.data.runaiQueue}}}}] :
 [JSONPatch{{op: 'add', path: '/metadata/labels/{RUNAI_QUEUE_LABEL.replace("/", "~1")}', value: params.data.runaiQueue}}]
 """.strip()
-
-# The webhook's message for a class outside the subset (`choices.not_allowed`), word for word.
-_CLASS_MESSAGE = (
-    "'priority class ' + object.spec.priorityClassName + ' not available in project ' + "
-    "namespaceObject.metadata.name + '; allowed: ' + "
-    "(variables.allowed.size() == 0 ? 'none' : variables.allowed.join(', '))"
-)
 
 
 def _match_constraints() -> dict[str, Any]:
@@ -240,10 +256,14 @@ def _binding(kind: str, api_version: str) -> dict[str, Any]:
         "metadata": {"name": POLICY_NAME},
         "spec": {
             "policyName": POLICY_NAME,
-            # No namespace: the ConfigMap of the pod's own namespace. Missing parameters deny.
-            "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"},
+            # No namespace: the ConfigMap of the pod's own namespace. Missing parameters deny. The
+            # validating policy reads none (see REFUSAL_ANNOTATION).
+            **(
+                {"validationActions": ["Deny"]}
+                if kind == "ValidatingAdmissionPolicy"
+                else {"paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}}
+            ),
             "matchResources": _binding_match(),
-            **({"validationActions": ["Deny"]} if kind == "ValidatingAdmissionPolicy" else {}),
         },
     }
 
@@ -269,7 +289,14 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                 {"name": "fresh", "expression": _FRESH_TERMS},
                 {"name": "combined", "expression": _COMBINED_TERMS},
                 {"name": "termCount", "expression": _TERM_COUNT},
-                {"name": "refusal", "expression": _TERMS_REFUSAL},
+                {
+                    "name": "allowed",
+                    "expression": "params.data.allowedPriorityClasses == '' ? [] : "
+                    "params.data.allowedPriorityClasses.split(',')",
+                },
+                {"name": "termsRefusal", "expression": _TERMS_REFUSAL},
+                {"name": "classRefusal", "expression": _CLASS_REFUSAL},
+                {"name": "refusal", "expression": _REFUSAL},
             ],
             "mutations": [
                 {"patchType": "JSONPatch", "jsonPatch": {"expression": f"!variables.compiled ? [] : {patch}"}}
@@ -282,27 +309,13 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": POLICY_NAME},
         "spec": {
-            "paramKind": param_kind,
             "matchConstraints": _match_constraints(),
             "matchConditions": MATCH_CONDITIONS,
             "failurePolicy": "Fail",
-            "variables": [
-                {
-                    "name": "allowed",
-                    "expression": "params.data.allowedPriorityClasses == '' ? [] : "
-                    "params.data.allowedPriorityClasses.split(',')",
-                }
-            ],
             "validations": [
                 {
                     "expression": f"!{_has_annotation(REFUSAL_ANNOTATION)}",
                     "messageExpression": f"string(object.metadata.annotations['{REFUSAL_ANNOTATION}'])",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": f"params.data.compiled != 'true' || params.data.enforcePriorityClasses != 'true' || "
-                    f"{_NAMED_NOTHING} || object.spec.priorityClassName in variables.allowed",
-                    "messageExpression": _CLASS_MESSAGE,
                     "reason": "Forbidden",
                 },
             ],
