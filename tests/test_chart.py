@@ -13,7 +13,7 @@ import base64
 import datetime
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +104,11 @@ def given_ca(ca_bundle: str) -> dict[str, Any]:
     return {"certs": {"mode": "secret", "secret": {"caBundle": ca_bundle}}}
 
 
-def render(values: Mapping[str, Any] | None = None, namespace: str = "hopsworks") -> list[dict[str, Any]]:
+def render(
+    values: Mapping[str, Any] | None = None, namespace: str = "hopsworks", api_versions: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """The install's objects; the uninstall hook's (run by helm at uninstall only) are `hooks`."""
-    return [o for o in chart.render(values, namespace) if not is_hook(o)]
+    return [o for o in chart.render(values, namespace, api_versions) if not is_hook(o)]
 
 
 def hooks(values: Mapping[str, Any] | None = None, namespace: str = "hopsworks") -> list[dict[str, Any]]:
@@ -251,8 +253,9 @@ def test_the_manifest_files_hold_the_expected_objects_in_apply_order() -> None:
     kinds = [obj["kind"] for _, obj in file_objects()]
     assert kinds[0] == "Namespace"
     # Webhook configurations last: they point at a Service that must exist first.
-    # Two of each: the second pair serves the namespaces the compiled admission policies decide.
-    assert kinds[-4:] == ["ValidatingWebhookConfiguration"] * 2 + ["MutatingWebhookConfiguration"] * 2
+    # One of each: the second pair, for the namespaces the compiled admission policies decide, is
+    # rendered only beside the policies, which `kubectl apply` users do not get (no --api-versions).
+    assert kinds[-2:] == ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"]
     for kind in ("ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service", "Deployment"):
         assert kind in kinds
     assert kinds.index("ServiceAccount") < kinds.index("Deployment")
@@ -1338,7 +1341,7 @@ def test_admission_policies_off_drops_their_rbac_and_the_parameters_policy(ca_bu
 def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: str) -> None:
     """The leader labels a project the compiled policies decide; its pods reach the pod webhooks of
     the second configurations, and only when they need outside state. The selectors never overlap."""
-    objects = render(given_ca(ca_bundle))
+    objects = render(given_ca(ca_bundle), api_versions=[policy_template.SERVED])
     main, decided = webhooks(objects), decided_hooks(objects)
     assert set(decided) == {"mutate-pods.scheduling.hopsworks.ai", "validate-pods.scheduling.hopsworks.ai"}
     labelled = {"kubernetes.io/metadata.name": "team-a", "hopsworks.ai/project": "team-a",
@@ -1359,7 +1362,15 @@ def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: 
         (condition,) = hook["matchConditions"]
         for needed in ("gpu", "kueue.x-k8s.io/", "runai", "kai.scheduler/", "scheduling.hopsworks.ai/"):
             assert needed in condition["expression"], needed
-    off = render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}})
-    assert decided_hooks(off) == {}
-    configurations = [o for o in off if o["kind"].endswith("WebhookConfiguration")]
-    assert "scheduling.hopsworks.ai/admission-policies" not in json.dumps(configurations)
+    # Where the policies are not rendered (turned off, or the kind not served: an apiserver before
+    # 1.36), no namespace is handed to them: a labelled one stays the main configurations'.
+    for off in (
+        render({**given_ca(ca_bundle), "admissionPolicies": {"enabled": False}}, api_versions=[policy_template.SERVED]),
+        render(given_ca(ca_bundle)),
+    ):
+        assert decided_hooks(off) == {}
+        configurations = [o for o in off if o["kind"].endswith("WebhookConfiguration")]
+        assert "scheduling.hopsworks.ai/admission-policies" not in json.dumps(configurations)
+        assert not [o for o in off if o["kind"].startswith("MutatingAdmissionPolicy")]
+    helpers = (chart.CHART / "templates" / "_helpers.tpl").read_text()
+    assert f'.Capabilities.APIVersions.Has "{policy_template.SERVED}"' in helpers

@@ -67,15 +67,22 @@ def helm_major() -> int:
     return int(peers.helm_version().lstrip("v").split(".")[0])
 
 
-def template(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> str:
+def template(
+    values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE, api_versions: Sequence[str] = ()
+) -> str:
     """`helm template` of the chart for these values: the YAML an install would apply (certs.mode
-    helm's certificates issued for this render only)."""
-    return helm("template", RELEASE, str(CHART), "--namespace", namespace, "--set", OFFLINE_CA, values=values or {})
+    helm's certificates issued for this render only), on a cluster that serves `api_versions`
+    beside Helm's built-in list."""
+    served = [arg for version in api_versions for arg in ("--api-versions", version)]
+    return helm("template", RELEASE, str(CHART), "--namespace", namespace, "--set", OFFLINE_CA, *served,
+                values=values or {})  # fmt: skip
 
 
-def render(values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE) -> list[Obj]:
+def render(
+    values: Mapping[str, Any] | None = None, namespace: str = NAMESPACE, api_versions: Sequence[str] = ()
+) -> list[Obj]:
     """The objects of `template`, in helm's install order."""
-    return [o for o in yaml.safe_load_all(template(values, namespace)) if o]
+    return [o for o in yaml.safe_load_all(template(values, namespace, api_versions)) if o]
 
 
 PLAIN_DIR = peers.REPO / "manifests"

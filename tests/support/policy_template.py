@@ -20,10 +20,10 @@ from webhook.core.admission_policies import GROUP, policy_objects
 TEMPLATE = peers.REPO / "manifests" / "chart" / "templates" / "14-admission-policies.yaml"
 # The chart renders the policies only where the apiserver serves this kind; `helm template`
 # answers from Helm's built-in list of versions instead (docs/values.md, admissionPolicies.enabled).
-SERVED = f"{GROUP}/v1/MutatingAdmissionPolicy"
+SERVED = f"{GROUP}/v1/MutatingAdmissionPolicy"  # the kind "sw.policiesRendered" asks for (_helpers.tpl)
 _LABELS = "__chart_labels__"
-HEADER = f"""\
-{{{{- /*
+HEADER = """\
+{{- /*
 Generated from webhook/core/admission_policies.py by `make manifests`
 (tests/support/policy_template.py): edit the compiler, not this file.
 The policies and bindings are static: the installer writes them, so the server's ClusterRole
@@ -32,8 +32,8 @@ of whoever writes a policy with ConfigMap parameters). The server writes only th
 one ConfigMap scheduling-webhook-policy per project, and the namespace label the bindings select.
 Nothing is rendered without the kind (a cluster before 1.36; `helm template` without
 --api-versions): the server then leaves every pod to the webhooks.
-*/}}}}
-{{{{- if and .Values.admissionPolicies.enabled (.Capabilities.APIVersions.Has "{SERVED}") }}}}
+*/}}
+{{- if include "sw.policiesRendered" . }}
 """
 FOOTER = "{{- end }}\n"
 

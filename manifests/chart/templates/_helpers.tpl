@@ -199,6 +199,17 @@ name, which the APIService calls; the apiserver's front proxy alone is served th
 {{- end -}}
 {{- end -}}
 
+{{/* "true" where the compiled admission policies are rendered (14-admission-policies.yaml), else
+empty. The webhooks hand the namespaces the leader labelled to the policies only then: a namespace
+that carries the label where no policy exists (an apiserver before 1.36, `helm template` without
+--api-versions, a label left by an earlier install) stays the webhooks' alone, never decided by
+neither. */}}
+{{- define "sw.policiesRendered" -}}
+{{- if and .Values.admissionPolicies.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* With the compiled admission policies on: the pod webhooks in namespaces the leader labelled
 scheduling.hopsworks.ai/admission-policies=on (the policies decide their plain pods) are called only
 for a pod that needs outside state or a rule not compiled: a GPU in a request or limit, an
