@@ -3,7 +3,8 @@ apiserver with the chart installed (1.36 and newer: the leader writes the polici
 project): the policies mutate them, and only a pod needing outside state (here a GPU) reaches the
 pod webhooks of the configurations for decided namespaces. With the server down, both sides fail
 closed: a plain pod of a labelled project whose parameters are missing is refused naming them, a
-GPU pod of one with its parameters because no replica answers.
+GPU pod of one with its parameters because no replica answers. Where the policies do not decide, a
+plain pod makes one call, the mutation: validate-pods is narrowed to the pods it can refuse.
 
 The module has a control plane and an install of its own: it scales the replicas to 0 and deletes
 a project's parameters, and in the session's shared install, after the whole e2e suite before it,
@@ -125,3 +126,34 @@ async def test_plain_pods_of_a_decided_project_make_no_webhook_call_and_fail_clo
         assert 'failed calling webhook "mutate-pods.scheduling.hopsworks.ai"' in stderr, stderr
     finally:
         await asyncio.to_thread(local.scale, 2)
+
+
+async def test_a_plain_pod_the_policies_do_not_decide_makes_one_call(cluster: Cluster) -> None:
+    """Priority classes in warn mode: the webhook warns, so the leader leaves the project to the
+    webhooks. With Run:ai and Kueue off, validate-pods would allow any pod without a GPU and without
+    a label or annotation of these systems: the apiserver does not call it for one."""
+    local = cluster.needs_local("reads the replicas' metrics")
+    await offer_scheduling(cluster)
+    await cluster.settings(priority_class_enforcement="warn")
+    try:
+        project = await cluster.project("undecided")
+
+        async def mutated_by_the_webhook() -> bool:
+            name = f"plain-{asyncio.get_running_loop().time() * 1000:.0f}"
+            await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(pod(name, project)))
+            stored = await cluster.get("pod", name, project)
+            return LABEL not in (await cluster.get("namespace", project))["metadata"].get("labels", {}) and bool(
+                stored["spec"].get("priorityClassName") == "normal"
+            )
+
+        await cluster.eventually(mutated_by_the_webhook, "a plain pod of a project the webhooks decide", within_s=60)
+        mutations, validations = reviews(local, "mutate_pods"), reviews(local, "validate_pods")
+        for i in range(3):
+            await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(pod(f"one-call-{i}", project)))
+        assert reviews(local, "mutate_pods") == mutations + 3
+        assert reviews(local, "validate_pods") == validations, "a plain pod reached validate-pods"
+        await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu-two-calls", project)))
+        assert reviews(local, "mutate_pods") == mutations + 4
+        assert reviews(local, "validate_pods") == validations + 1, "the GPU pod did not reach validate-pods"
+    finally:
+        local.reset_settings()

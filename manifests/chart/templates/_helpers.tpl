@@ -210,22 +210,12 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* With the compiled admission policies on: the pod webhooks in namespaces the leader labelled
-scheduling.hopsworks.ai/admission-policies=on (the policies decide their plain pods) are called only
-for a pod that needs outside state or a rule not compiled: a GPU in a request or limit, an
-annotation or label of this system (but the priority class one the policies read), of Run:ai,
-KAI or Kueue. Every other pod there makes no webhook call. */}}
-{{- define "sw.decidedNamespaces" -}}
-namespaceSelector:
-  matchExpressions:
-    - key: hopsworks.ai/project
-      operator: Exists
-    - key: scheduling.hopsworks.ai/admission-policies
-      operator: In
-      values: ["on"]
-    - key: kubernetes.io/metadata.name
-      operator: NotIn
-      values: ["kube-system", "kube-public", "kube-node-lease", {{ .Release.Namespace | quote }}]
+{{/* The pods a pod webhook must see where the compiled policies or nothing else would decide them:
+a GPU in a request or limit, or an annotation or label of this system (but the priority class
+annotation, which the policies read), of Run:ai, KAI or Kueue. With Run:ai on, the mutation labels
+every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
+of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`). */}}
+{{- define "sw.needsThePodWebhooks" -}}
 matchConditions:
   - name: needs-the-webhook
     expression: >-
@@ -242,4 +232,23 @@ matchConditions:
       (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) &&
       ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
       (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))))
+{{- end -}}
+
+{{/* With the compiled admission policies on: the pod webhooks in namespaces the leader labelled
+scheduling.hopsworks.ai/admission-policies=on (the policies decide their plain pods) are called only
+for a pod that needs outside state or a rule not compiled: a GPU in a request or limit, an
+annotation or label of this system (but the priority class one the policies read), of Run:ai,
+KAI or Kueue. Every other pod there makes no webhook call. */}}
+{{- define "sw.decidedNamespaces" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: hopsworks.ai/project
+      operator: Exists
+    - key: scheduling.hopsworks.ai/admission-policies
+      operator: In
+      values: ["on"]
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: ["kube-system", "kube-public", "kube-node-lease", {{ .Release.Namespace | quote }}]
+{{ include "sw.needsThePodWebhooks" . }}
 {{- end -}}
