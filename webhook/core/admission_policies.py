@@ -223,6 +223,11 @@ params.data.runaiQueue == '' ? [] :
 """.strip()
 
 
+_PATCH = "!variables.compiled ? [] :\n" + " +\n".join(
+    f"({part})" for part in (_REFUSAL_PATCH, _AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
+)
+
+
 def _match_constraints() -> dict[str, Any]:
     return {
         "namespaceSelector": {"matchExpressions": [{"key": PROJECT_LABEL, "operator": "Exists"}]},
@@ -298,10 +303,9 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                 {"name": "classRefusal", "expression": _CLASS_REFUSAL},
                 {"name": "refusal", "expression": _REFUSAL},
             ],
-            "mutations": [
-                {"patchType": "JSONPatch", "jsonPatch": {"expression": f"!variables.compiled ? [] : {patch}"}}
-                for patch in (_REFUSAL_PATCH, _AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
-            ],
+            # One patch of every part: the apiserver applies each mutation to the object in turn,
+            # and the parts touch different fields and are all decided from the pod as it came.
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _PATCH}}],
         },
     }
     validating = {
