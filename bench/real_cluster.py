@@ -65,14 +65,21 @@ Obj = dict[str, Any]
 IMAGE = "registry.example/notebook:1.0"
 
 
-def pod(namespace: str, name: str) -> Obj:
+def plain_notebook(namespace: str, name: str) -> Obj:
+    """A notebook that names nothing of ours: in a project the compiled policies decide, it meets
+    no webhook (the chart's matchConditions)."""
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"},
-                     "annotations": {"scheduling.hopsworks.ai/affinity": "disk=ssd"}},
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"}},
         "spec": {"containers": [{"name": "main", "image": IMAGE}]},
     }  # fmt: skip
+
+
+def pod(namespace: str, name: str) -> Obj:
+    """The bench's notebook: it chooses an affinity label, so the webhooks decide it everywhere."""
+    obj = plain_notebook(namespace, name)
+    obj["metadata"]["annotations"] = {"scheduling.hopsworks.ai/affinity": "disk=ssd"}
+    return obj
 
 
 def admin_session(cp: ControlPlane, connections: int) -> aiohttp.ClientSession:
@@ -155,22 +162,10 @@ def first_pod_seconds(cp: ControlPlane, inst: Install) -> float:
     return elapsed
 
 
-def plain_notebook(namespace: str, name: str) -> Obj:
-    """A notebook that names nothing of ours: in a project the compiled policies decide, it meets
-    no webhook (the chart's matchConditions)."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"}},
-        "spec": {"containers": [{"name": "main", "image": IMAGE}]},
-    }  # fmt: skip
-
-
 def gpu_notebook(namespace: str, name: str) -> Obj:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"hopsworks.ai/workload-type": "notebook"}},
-        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-    }  # fmt: skip
+    obj = plain_notebook(namespace, name)
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return obj
 
 
 def wait(what: str, check: Any, within: float) -> None:
@@ -450,7 +445,8 @@ def measure(
 
 
 def _labelled(cp: ControlPlane, namespace: str) -> bool:
-    return bool(cp.get_json("namespace", namespace)["metadata"].get("labels", {}).get(ADMISSION_POLICIES_LABEL) == "on")
+    labels = cp.get_json("namespace", namespace)["metadata"].get("labels", {})
+    return str(labels.get(ADMISSION_POLICIES_LABEL)) == "on"
 
 
 def _drop_all(objects: list[Obj]) -> None:

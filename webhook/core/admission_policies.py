@@ -303,8 +303,8 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                 {"name": "classRefusal", "expression": _CLASS_REFUSAL},
                 {"name": "refusal", "expression": _REFUSAL},
             ],
-            # One patch of every part: the apiserver applies each mutation to the object in turn,
-            # and the parts touch different fields and are all decided from the pod as it came.
+            # One mutation whose patch holds every part: each mutation is evaluated and applied on
+            # its own, and the parts touch different fields, all decided from the pod as it came.
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _PATCH}}],
         },
     }
