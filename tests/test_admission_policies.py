@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import namespace, snapshot
+from tests.support.cluster import SCHEDULER, namespace, snapshot
 from webhook.core.admission_policies import (
     PARAMS_NAME,
     POLICY_NAME,
@@ -18,6 +18,8 @@ from webhook.core.admission_policies import (
     params_config_map,
     policy_objects,
     policy_params,
+    runai_labels_compilable,
+    runai_params,
     served_mutating_version,
 )
 from webhook.core.namespace_plan import make_plan
@@ -149,12 +151,85 @@ def test_the_leader_writes_the_policies_and_the_parameters_of_every_project() ->
     assert _kinds_and_namespaces(desired_objects(snap, "v1"))[4:] == [("ConfigMap", "churn"), ("ConfigMap", "fraud")]
 
 
-def test_with_runai_an_unbound_projects_pods_are_left_to_the_webhook_which_binds_it() -> None:
+def test_with_runai_every_projects_parameters_are_compiled_the_policy_reads_the_binding_itself() -> None:
+    """An unbound project is not labelled (`decided_by_policies`), but its parameters still say what
+    the policy would do: the apiserver may see the label go after the parameters change."""
     snap = snapshot(namespaces=[namespace("churn"), BOUND], run_ai_enable=True)
     objects = desired_objects(snap, "v1")
     assert _kinds_and_namespaces(objects)[4:] == [("ConfigMap", "bound"), ("ConfigMap", "churn")]
-    assert objects[4]["data"]["runaiQueue"] == "bound" and objects[4]["data"]["compiled"] == "true"
-    assert objects[5]["data"]["compiled"] == "false"
+    assert [o["data"]["compiled"] for o in objects[4:]] == ["true", "true"]
+    assert [o["data"]["runaiEnabled"] for o in objects[4:]] == ["true", "true"]
+
+
+def test_run_ai_labels_the_parameters_cannot_carry_leave_nothing_compiled() -> None:
+    scheduler = {**SCHEDULER, "runai": {"preemptibilityLabel": "bad=label"}}
+    snap = snapshot(namespaces=[BOUND], run_ai_enable=True, scheduler=scheduler)
+    assert not runai_labels_compilable(snap.settings)
+    assert desired_objects(snap, "v1")[4]["data"]["compiled"] == "false"
+    assert decided_by_policies(snap.namespaces["bound"], snap) is False
+    off = snapshot(namespaces=[BOUND], scheduler=scheduler)  # Run:ai off: no label is written
+    assert desired_objects(off, "v1")[4]["data"]["compiled"] == "true"
+
+
+RUNAI_PARAM_CASES: list[tuple[str, dict[str, Any], dict[str, str | None]]] = [
+    (
+        "the platform's kind rules, job owners, system job types and each kind's labels",
+        {},
+        {
+            "kindRules": "jupyter|notebook;serving.hops.works/id|deployment",
+            "jobOwners": "batch|Job",
+            "systemJobTypes": "system|materialization|statistics",
+            "runaiLabels.notebook": "kai.scheduler/preemptibility=non-preemptible",
+            "runaiLabels.job": "kai.scheduler/preemptibility=preemptible",
+            "runaiLabels.system-job": "kai.scheduler/preemptibility=preemptible",
+            "runaiLabels.unknown": "kai.scheduler/preemptibility=non-preemptible",
+        },
+    ),
+    (
+        "a rule with a value; a rule that could make a job is not one a label may apply",
+        {"workloadKinds": {"rules": [{"label": "app", "value": "", "kind": "app"}, {"label": "x", "kind": "job"}]}},
+        {"kindRules": "app=|app"},
+    ),
+    (
+        "no system job types: the key is absent, an empty type is kept",
+        {"workloadKinds": {"systemJobTypes": []}},
+        {"systemJobTypes": None},
+    ),
+    ("an empty system job type", {"workloadKinds": {"systemJobTypes": [""]}}, {"systemJobTypes": ""}),
+    (
+        "a value no label can hold never matches, and is left out",
+        {"workloadKinds": {"systemJobTypes": ["a|b", "c"], "jobOwners": [{"apiGroup": "", "kind": "Pod;x"}]}},
+        {"systemJobTypes": "c", "jobOwners": ""},
+    ),
+    (
+        "Run:ai's own priority class per kind, as a second label",
+        {"runai": {"priorityClasses": {"notebook": "inference"}}},
+        {"runaiLabels.notebook": "kai.scheduler/preemptibility=non-preemptible;priorityClassName=inference"},
+    ),
+    (
+        "no preemptibility label: only the classes",
+        {
+            "runai": {
+                "preemptibilityLabel": "",
+                "priorityClasses": {
+                    **{k: "build" for k in ("notebook", "terminal", "app", "deployment", "unknown")},
+                    **{k: "train" for k in ("job", "system-job")},
+                },
+            }
+        },
+        {"runaiLabels.job": "priorityClassName=train", "runaiLabels.notebook": "priorityClassName=build"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("scheduler", "expected"),
+                         [c[1:] for c in RUNAI_PARAM_CASES], ids=[c[0] for c in RUNAI_PARAM_CASES])  # fmt: skip
+def test_runai_params_carry_what_the_webhook_labels_by(
+    scheduler: dict[str, Any], expected: dict[str, str | None]
+) -> None:
+    snap = snapshot(namespaces=[BOUND], run_ai_enable=True, scheduler={**SCHEDULER, **scheduler})
+    data = runai_params(snap.settings)
+    assert {k: data.get(k) for k in expected} == expected
 
 
 def test_the_parameters_name_the_clusters_global_default_class() -> None:
@@ -167,7 +242,7 @@ def test_the_parameters_name_the_clusters_global_default_class() -> None:
     ("settings", "decided"),
     [
         ({}, True),
-        ({"run_ai_enable": True}, False),  # the preemptibility label, binding and R2 are the webhook's
+        ({"run_ai_enable": True}, False),  # not bound yet: the webhook binds it on a first pod (R2)
         ({"kueue_installed": True}, False),  # S4's queue label
         ({"priority_class_enforcement": "warn"}, False),  # the warning and its count
         ({"affinity_enforcement": "warn"}, True),  # a plain pod names no affinity label
@@ -193,3 +268,19 @@ def test_the_bindings_select_only_namespaces_the_leader_labelled() -> None:
         expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
         assert {"key": ADMISSION_POLICIES_LABEL, "operator": "In", "values": ["on"]} in expressions
         assert {"key": "hopsworks.ai/project", "operator": "Exists"} in expressions
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "decided"),
+    [
+        ({"runai/queue": "bound"}, {}, True),  # bound: the policy labels its pods
+        ({}, {}, False),  # not bound: the webhook binds on a first pod
+        ({"runai/queue": "bound"}, {"scheduling.hopsworks.ai/runai-move": "{}"}, False),  # moving: 409s
+    ],
+    ids=["bound", "unbound", "moving"],
+)
+def test_with_runai_the_policies_decide_a_bound_project_not_moving(
+    labels: dict[str, str], annotations: dict[str, str], decided: bool
+) -> None:
+    snap = snapshot(namespaces=[namespace("vision", labels=labels, annotations=annotations)], run_ai_enable=True)
+    assert decided_by_policies(snap.namespaces["vision"], snap) is decided

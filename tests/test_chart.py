@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from tests.support import chart, policy_template, values_reference
 from tests.support.chart import HelmFailed
 from webhook.core.admission_policies import POLICY_NAME, policy_objects
+from webhook.core.preemptibility import REVIEWED_REFS
 from webhook.core.workloads import WORKLOAD_KINDS
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
 
@@ -1358,11 +1359,25 @@ def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: 
         assert selector_matches(first["namespaceSelector"], plain) and not selector_matches(
             first["namespaceSelector"], labelled
         )
-        # The main validate-pods is narrowed too (a plain pod there makes one call); mutate-pods is not.
-        assert first.get("matchConditions") == (hook["matchConditions"] if name.startswith("validate") else None)
         (condition,) = hook["matchConditions"]
         for needed in ("gpu", "kueue.x-k8s.io/", "runai", "kai.scheduler/", "scheduling.hopsworks.ai/"):
             assert needed in condition["expression"], needed
+        # The labels the policy writes over what a pod came with call nothing there; an owner Run:ai's
+        # rules would refuse, or a claim, calls the webhook: the owners reviewed are core.preemptibility's.
+        assert "k != 'runai/queue'" in condition["expression"]
+        assert "k != 'kai.scheduler/preemptibility'" in condition["expression"]
+        assert "has(object.spec.resourceClaims)" in condition["expression"]
+        listed = re.search(r"ownerReferences\[0\]\.kind in \[([^]]*)\]", condition["expression"])
+        assert listed is not None
+        assert sorted(re.findall(r"'([^']*)'", listed.group(1))) == sorted(f"{v} {k}" for v, k in REVIEWED_REFS)
+        # The main validate-pods is narrowed too (a plain pod there makes one call), with every Run:ai
+        # and KAI label calling: the mutation writes them, and validate-pods checks them. mutate-pods is not.
+        if name.startswith("validate"):
+            (main_condition,) = first["matchConditions"]
+            assert "k.startsWith('runai') || k.startsWith('kai.scheduler/')" in main_condition["expression"]
+            assert "'runai/queue'" not in main_condition["expression"]
+        else:
+            assert first.get("matchConditions") is None
     # Where the policies are not rendered (turned off, or the kind not served: an apiserver before
     # 1.36), no namespace is handed to them: a labelled one stays the main configurations'.
     for off in (

@@ -38,8 +38,9 @@ from webhook.core.admission_policies import (
     served_mutating_version,
 )
 from webhook.core.namespace_plan import make_plan
+from webhook.core.quota import validate_pod
 from webhook.core.scheduling import mutate_pod
-from webhook.snapshot import ADMISSION_POLICIES_LABEL, ClusterSnapshot
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, RUNAI_MOVE_ANNOTATION, RUNAI_QUEUE_LABEL, ClusterSnapshot
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,25 @@ PROJECTS = [
         },
     ),
 ]
+# Projects of a cluster with Run:ai on (their parameters are written from those settings): bound,
+# not bound yet, and bound but moving to another department.
+RUNAI_PROJECTS = [
+    namespace("vision", labels={**POLICIES_ON, RUNAI_QUEUE_LABEL: "vision"}),
+    namespace("vision-unbound", labels=POLICIES_ON),
+    namespace(
+        "vision-moving",
+        labels={**POLICIES_ON, RUNAI_QUEUE_LABEL: "vision-moving"},
+        annotations={RUNAI_MOVE_ANNOTATION: "{}"},
+    ),
+]
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _settings_of(ns: str) -> ClusterSnapshot:
+    """The snapshot the webhook decides `ns`'s pods by, and the leader writes its parameters from."""
+    if ns.startswith("vision"):
+        return cluster_state(namespaces=RUNAI_PROJECTS, run_ai_enable=True).snapshot()
+    return cluster_state(namespaces=PROJECTS).snapshot()
 
 
 def _terms(*terms: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +97,7 @@ class Pod:
     spec: Mapping[str, Any] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    owners: list[dict[str, Any]] = field(default_factory=list)
 
 
 PODS = [
@@ -129,6 +149,32 @@ PODS = [
 ]
 
 
+def _owned_by(api_version: str, kind: str, controller: bool = True) -> list[dict[str, Any]]:
+    return [{"apiVersion": api_version, "kind": kind, "name": "owner",
+             "uid": "6d5f2a7e-1111-4c1e-9a8e-0123456789ab", "controller": controller}]  # fmt: skip
+
+
+# S5 with Run:ai on: the kind decides the labels (core.kinds.pod_kind, core.preemptibility.runai_labels).
+RUNAI_PODS = [
+    Pod("a notebook by its label", labels={"jupyter": "lab"}),
+    Pod("an app by the workload-type label", labels={"hopsworks.ai/workload-type": "app"}),
+    Pod("a label cannot make a job", labels={"hopsworks.ai/workload-type": "job"}),
+    Pod("a Job's pod", owners=_owned_by("batch/v1", "Job")),
+    Pod("a system job's pod", labels={"job-type": "materialization"}, owners=_owned_by("batch/v1", "Job")),
+    Pod(
+        "a Job's pod by the workload-type label",
+        labels={"hopsworks.ai/workload-type": "system-job"},
+        owners=_owned_by("batch/v1", "Job"),
+    ),
+    Pod("a Job first but not the controller", owners=_owned_by("batch/v1", "Job", controller=False)),
+    Pod("a ReplicaSet's pod", labels={"serving.hops.works/id": "7"}, owners=_owned_by("apps/v1", "ReplicaSet")),
+    Pod(
+        "another queue and preemptibility, overwritten",
+        labels={RUNAI_QUEUE_LABEL: "someone-else", "kai.scheduler/preemptibility": "preemptible"},
+    ),
+]
+
+
 def _manifest(pod: Pod, name: str, ns: str) -> dict[str, Any]:
     spec = {"containers": [{"name": "main", "image": "busybox"}], "automountServiceAccountToken": False}
     spec.update(copy.deepcopy(dict(pod.spec)))
@@ -137,6 +183,8 @@ def _manifest(pod: Pod, name: str, ns: str) -> dict[str, Any]:
         meta["labels"] = dict(pod.labels)
     if pod.annotations:
         meta["annotations"] = dict(pod.annotations)
+    if pod.owners:
+        meta["ownerReferences"] = copy.deepcopy(pod.owners)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
@@ -191,13 +239,15 @@ def _write_params(cp: ControlPlane, snapshot: ClusterSnapshot) -> None:
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with control_plane(tmp_path_factory.mktemp("policies-cp"), apiserver_args=admission_policy_args()) as plane:
         plane.apply([priority_class(n, v, p, g) for n, v, p, g in PRIORITY_CLASSES])
-        plane.apply([*PROJECTS, namespace(REFERENCE, project=False), namespace("unparametrised", labels=POLICIES_ON)])
+        plane.apply([*PROJECTS, *RUNAI_PROJECTS, namespace(REFERENCE, project=False),
+                     namespace("unparametrised", labels=POLICIES_ON)])  # fmt: skip
         version = served_mutating_version(_served(plane))
         # GA (v1) from 1.36; 1.35 serves the beta once switched on.
         assert version == ("v1beta1" if admission_policy_args() else "v1"), (KUBE_VERSION, _served(plane))
         plane.apply(desired_objects(cluster_state(namespaces=PROJECTS).snapshot(), version))
+        _write_params(plane, _settings_of("vision"))
         deadline = time.monotonic() + 60
-        for ns in (*PROJECTS, namespace(REFERENCE, project=False)):  # the ServiceAccount admission needs it
+        for ns in (*PROJECTS, *RUNAI_PROJECTS, namespace(REFERENCE, project=False)):  # ServiceAccount admission
             while plane.kubectl("get", "sa", "default", "-n", ns["metadata"]["name"], check=False).returncode:
                 assert time.monotonic() < deadline, "no default ServiceAccount"
                 time.sleep(0.2)
@@ -235,13 +285,21 @@ def _through_webhook(
     if not decision.allowed:
         return None, decision.message
     patched = apply_patch(reviewed, list(decision.patch or ()))
+    validated = validate_pod({**request, "object": patched}, snapshot)  # the validating phase, on what was mutated
+    if not validated.allowed:
+        return None, validated.message
     patched["metadata"]["namespace"] = REFERENCE
     for key in ("uid", "creationTimestamp", "resourceVersion"):
         patched["metadata"].pop(key, None)
     return _create(cp, patched)
 
 
-CASES = [(ns["metadata"]["name"], pod) for ns in PROJECTS for pod in PODS]
+CASES = [
+    *((ns["metadata"]["name"], pod) for ns in PROJECTS for pod in PODS),
+    *(("vision", pod) for pod in (*PODS, *RUNAI_PODS)),
+    *(("vision-unbound", pod) for pod in PODS[:3]),
+    *(("vision-moving", pod) for pod in PODS[:3]),
+]
 # The cases both sides must refuse: the table holds refusals, not only admissions that agree.
 REFUSED = {
     ("churn", "names a class outside the subset"),
@@ -250,12 +308,18 @@ REFUSED = {
     ("fraud", "9 own terms"),  # 9 terms x 2 affinity keys
     ("churn", "17 own terms and a class outside the subset"),  # both refusals, joined
     ("fraud", "17 own terms and a class outside the subset"),
+    ("vision", "names a class outside the subset"),
+    ("vision", "17 own terms"),
+    ("vision", "17 own terms and a class outside the subset"),
+    # Not bound: held before any rule. Moving: the rules' refusal first, else the move's.
+    *(("vision-unbound", pod.id) for pod in PODS[:3]),
+    *(("vision-moving", pod.id) for pod in PODS[:3]),
 }
 
 
 @pytest.mark.parametrize(("ns", "pod"), CASES, ids=[f"{ns}: {pod.id}" for ns, pod in CASES])
 def test_compiled_policies_store_what_the_webhook_would(cp: ControlPlane, ns: str, pod: Pod) -> None:
-    snapshot = cluster_state(namespaces=PROJECTS).snapshot()
+    snapshot = _settings_of(ns)
     expected, expected_message = _through_webhook(cp, pod, ns, snapshot)
     stored, message = _create(cp, _manifest(pod, "policy", ns))
     assert message == expected_message

@@ -21,12 +21,13 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Cluster, own_control_plane
-from tests.e2e.test_kubectl import offer_scheduling, pod
+from tests.e2e.test_kubectl import as_a_controller, offer_scheduling, pod, turn_runai_on
 from tests.support import peers
 from tests.support.control_plane.install import Install, installed
 from webhook.core.admission_policies import PARAMS_NAME
 from webhook.metrics import ADMISSION_OUTCOMES
-from webhook.snapshot import ADMISSION_POLICIES_LABEL
+from webhook.settings import KAI_PREEMPTIBILITY_LABEL, NON_PREEMPTIBLE
+from webhook.snapshot import ADMISSION_POLICIES_LABEL, RUNAI_QUEUE_LABEL
 
 pytestmark = pytest.mark.slow
 
@@ -155,5 +156,49 @@ async def test_a_plain_pod_the_policies_do_not_decide_makes_one_call(cluster: Cl
         await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu-two-calls", project)))
         assert reviews(local, "mutate_pods") == mutations + 4
         assert reviews(local, "validate_pods") == validations + 1, "the GPU pod did not reach validate-pods"
+    finally:
+        local.reset_settings()
+
+
+async def test_plain_pods_of_a_project_bound_to_runai_make_no_webhook_call(cluster: Cluster) -> None:
+    """Run:ai on: once the leader has bound a project and labelled it, the policy writes the queue and
+    the workload kind's preemptibility itself, and a plain pod makes no webhook call. A GPU pod
+    still reaches both pod webhooks (the quota)."""
+    local = cluster.needs_local("reads the replicas' metrics and needs the Run:ai stand-ins")
+    served = await cluster.kubectl("get", "--raw", "/apis/admissionregistration.k8s.io/v1")
+    if '"MutatingAdmissionPolicy"' not in served.stdout:
+        pytest.skip("the apiserver serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (before 1.36)")
+    await offer_scheduling(cluster)
+    await turn_runai_on(cluster)
+    try:
+        project = await cluster.project("bound")
+
+        async def bound_and_labelled() -> str | None:
+            labels = (await cluster.get("namespace", project))["metadata"].get("labels", {})
+            return labels.get(RUNAI_QUEUE_LABEL) if labels.get(LABEL) == "on" else None
+
+        queue = await cluster.eventually(bound_and_labelled, f"{project} bound and labelled by the leader", within_s=60)
+
+        async def labelled_by_the_policy() -> bool:
+            name = f"plain-{asyncio.get_running_loop().time() * 1000:.0f}"
+            result = await cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(pod(name, project)))
+            if result.rc != 0:
+                return False
+            return bool((await cluster.get("pod", name, project))["metadata"].get("labels", {}).get(RUNAI_QUEUE_LABEL))
+
+        await cluster.eventually(labelled_by_the_policy, "a plain pod labelled by the policy", within_s=30)
+        mutations, validations = reviews(local, "mutate_pods"), reviews(local, "validate_pods")
+        for i in range(3):
+            await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(pod(f"bound-{i}", project)))
+            stored = await cluster.get("pod", f"bound-{i}", project)
+            assert stored["metadata"]["labels"][RUNAI_QUEUE_LABEL] == queue
+            assert stored["metadata"]["labels"][KAI_PREEMPTIBILITY_LABEL] == NON_PREEMPTIBLE
+            assert stored["spec"]["priorityClassName"] == "normal"
+        assert (reviews(local, "mutate_pods"), reviews(local, "validate_pods")) == (mutations, validations), (
+            "a plain pod of a bound project reached a pod webhook"
+        )
+        result, _ = await as_a_controller(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu", project)))
+        assert result.rc == 0, result.stderr
+        assert reviews(local, "mutate_pods") > mutations and reviews(local, "validate_pods") > validations
     finally:
         local.reset_settings()

@@ -1,4 +1,4 @@
-"""Rules S1-S3 and S5's queue label compiled for the apiserver: MutatingAdmissionPolicy and
+"""Rules S1-S3 and S5's labels compiled for the apiserver: MutatingAdmissionPolicy and
 ValidatingAdmissionPolicy objects, with their bindings, and one parameter ConfigMap per project.
 
 The policies are the same for every project; what differs between projects is in the parameters,
@@ -11,6 +11,12 @@ a `key=value` list and checking it against the subset is webhook work (`matchCon
 Parameter values are strings (a ConfigMap's data). Lists of node labels are written grouped by
 key as `key=v1|v2;key2=v3`: `;`, `|` and `=` cannot appear in a label key or value, so CEL's
 `split` reads them back without ambiguity.
+
+With Run:ai on, the labels S5 writes depend on the pod's workload kind: the parameters hold the
+settings' kind rules and, per kind, the labels `core.preemptibility.runai_labels` gives it; the
+policy works out the kind as `core.kinds.pod_kind` does and writes that kind's labels with the
+project's queue, read from the namespace as the apiserver has it (the label Run:ai's own webhooks
+are selected by).
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.core.enforcement import PRIORITY_CLASS, warns
+from webhook.core.kinds import LABELLED_KINDS, WORKLOAD_TYPE_LABEL
 from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
+from webhook.core.preemptibility import runai_labels
+from webhook.settings import PREEMPTIBLE_KINDS, UNKNOWN_KIND, WORKLOAD_KINDS, ClusterSettings, WorkloadKindRules
 from webhook.snapshot import (
     ADMISSION_POLICIES_LABEL,
     AFFINITY_ANNOTATION,
@@ -27,6 +36,7 @@ from webhook.snapshot import (
     MIRROR_POD_ANNOTATION,
     PRIORITY_CLASS_ANNOTATION,
     PROJECT_LABEL,
+    RUNAI_MOVE_ANNOTATION,
     RUNAI_QUEUE_LABEL,
     ClusterSnapshot,
     NamespaceInfo,
@@ -46,6 +56,60 @@ def encode_groups(groups: Grouped) -> str:
     return ";".join(f"{key}={'|'.join(values)}" for key, values in groups)
 
 
+# What the encodings below separate with; none can appear in a label key or value, an API group or
+# a kind. A setting holding one can never match a pod the apiserver would store, so it is left out.
+_SEPARATORS = frozenset(";|=")
+
+
+def _separator_free(*texts: str) -> bool:
+    return not any(c in _SEPARATORS for text in texts for c in text)
+
+
+def encode_kind_rules(rules: WorkloadKindRules) -> str:
+    """The label rules that may give a pod its kind, in order (never a job's: `kinds.classify_workload`),
+    as `label|kind` or `label=value|kind`."""
+    encoded = []
+    for rule in rules.rules:
+        if rule.kind in PREEMPTIBLE_KINDS or not _separator_free(rule.label, rule.value or ""):
+            continue
+        selector = rule.label if rule.value is None else f"{rule.label}={rule.value}"
+        encoded.append(f"{selector}|{rule.kind}")
+    return ";".join(encoded)
+
+
+def _kind_label_pairs(kind: str, settings: ClusterSettings) -> list[tuple[str, str]]:
+    return list(runai_labels(None if kind == UNKNOWN_KIND else kind, settings).items())
+
+
+def runai_labels_compilable(settings: ClusterSettings) -> bool:
+    """Whether every kind's Run:ai labels can be written as parameters (a label the settings name
+    with a separator in it is the apiserver's to refuse, through the webhook)."""
+    return all(
+        _separator_free(k, v) for kind in (*WORKLOAD_KINDS, UNKNOWN_KIND) for k, v in _kind_label_pairs(kind, settings)
+    )
+
+
+def runai_params(settings: ClusterSettings) -> dict[str, str]:
+    """What the policy needs to label a pod as S5 does: whether Run:ai is on, how a pod's kind is
+    read (`kinds.pod_kind`), and each kind's labels (`preemptibility.runai_labels`) as
+    `key=value;key2=value2`. `systemJobTypes` is absent when the settings name none, so that an
+    empty type stays distinguishable from no type."""
+    rules = settings.scheduler.workload_kinds
+    data = {
+        "runaiEnabled": "true" if settings.run_ai_enable else "false",
+        "kindRules": encode_kind_rules(rules),
+        "jobOwners": ";".join(
+            f"{o.api_group}|{o.kind}" for o in rules.job_owners if _separator_free(o.api_group, o.kind)
+        ),
+    }
+    job_types = [t for t in rules.system_job_types if _separator_free(t)]
+    if job_types:
+        data["systemJobTypes"] = "|".join(job_types)
+    for kind in (*WORKLOAD_KINDS, UNKNOWN_KIND):
+        data[f"runaiLabels.{kind}"] = ";".join(f"{k}={v}" for k, v in _kind_label_pairs(kind, settings))
+    return data
+
+
 def policy_params(plan: NamespacePlan, global_default: PriorityClassInfo | None) -> dict[str, str]:
     """The data of a project's parameter ConfigMap: what the policies apply to its plain pods."""
     settings = plan.settings
@@ -63,7 +127,10 @@ def policy_params(plan: NamespacePlan, global_default: PriorityClassInfo | None)
         "allowedPriorityClasses": ",".join(offer.priority_classes),
         # Warn mode admits a class outside the subset with a warning the webhook words: not compiled.
         "enforcePriorityClasses": "false" if warns(settings, PRIORITY_CLASS) else "true",
+        # Read by no policy of this release (the queue comes from the namespace itself); kept for
+        # the policy of the release before, which a `helm rollback` puts back beside these parameters.
         "runaiQueue": (plan.namespace.runai_queue or "") if settings.run_ai_enable else "",
+        **runai_params(settings),
     }
 
 
@@ -175,10 +242,19 @@ _CLASS_REFUSAL = (
     f"params.data.enforcePriorityClasses != 'true' || {_NAMED_NOTHING} || "
     f"object.spec.priorityClassName in variables.allowed ? '' : {_CLASS_MESSAGE}"
 )
-# The webhook's refusals joined as it joins them (`scheduling.mutate_target`): affinity, then class.
+# The webhook's refusals in its order: a project Run:ai cannot take yet before any rule
+# (`scheduling.mutate_target`), then affinity and class joined, then a move (the validating phase).
+_NOT_COMPILED = (
+    f"'the settings name a Run:ai label the admission policy cannot write ({PARAMS_NAME} in ' + "
+    "namespaceObject.metadata.name + ' says compiled: false); its pods wait for the settings to be corrected'"
+)
 _REFUSAL = (
+    f"!variables.compiled ? {_NOT_COMPILED} : "
+    "variables.runaiHeld != '' ? variables.runaiHeld : "
     "variables.termsRefusal != '' && variables.classRefusal != '' ? "
-    "variables.termsRefusal + '; ' + variables.classRefusal : variables.termsRefusal + variables.classRefusal"
+    "variables.termsRefusal + '; ' + variables.classRefusal : "
+    "variables.termsRefusal + variables.classRefusal != '' ? variables.termsRefusal + variables.classRefusal : "
+    "variables.moving"
 )
 
 # A policy cannot refuse, so the mutating policy writes its refusal into an annotation that the
@@ -215,17 +291,84 @@ params.data.priorityClassName == '' || !({_NAMED_NOTHING}) ? [] : [
   JSONPatch{{op: 'add', path: '/spec/preemptionPolicy', value: params.data.preemptionPolicy}}]
 """.strip()
 
-_QUEUE_PATCH = f"""
-params.data.runaiQueue == '' ? [] :
-!has(object.metadata.labels) ? [JSONPatch{{op: 'add', path: '/metadata/labels',
-  value: {{'{RUNAI_QUEUE_LABEL}': params.data.runaiQueue}}}}] :
-[JSONPatch{{op: 'add', path: '/metadata/labels/{RUNAI_QUEUE_LABEL.replace("/", "~1")}', value: params.data.runaiQueue}}]
+# -- S5 with Run:ai on ---------------------------------------------------------------------------
+_LABELS = "object.metadata.labels"
+_HAS_LABELS = f"has({_LABELS})"
+
+
+def _label_is(key: str, value: str) -> str:
+    return f"('{key}' in {_LABELS} && {_LABELS}['{key}'] == '{value}')"
+
+
+# `kinds._labelled_kind`: the workload-type label naming a kind a label may give, else the first rule
+# (`label|kind` or `label=value|kind`) the pod's labels match.
+_KIND_RULE_MATCHES = f"""
+!{_HAS_LABELS} || params.data.kindRules == '' ? [] :
+params.data.kindRules.split(';').filter(r, r.split('|')[0].contains('=') ?
+  (r.split('=')[0] in {_LABELS} && {_LABELS}[r.split('=')[0]] == r.split('|')[0].split('=')[1]) :
+  r.split('|')[0] in {_LABELS}).map(r, r.split('|')[1])
+""".strip()
+_LABELLED_KIND = (
+    f"{_HAS_LABELS} && '{WORKLOAD_TYPE_LABEL}' in {_LABELS} && "
+    f"{_LABELS}['{WORKLOAD_TYPE_LABEL}'] in {sorted(LABELLED_KINDS)} ? {_LABELS}['{WORKLOAD_TYPE_LABEL}'] : "
+    "variables.kindRuleMatches.size() > 0 ? variables.kindRuleMatches[0] : ''"
+)
+# `kinds.pod_controller` and `is_job_owner`: the first ownerReference, when it is the controller
+# (and has a uid), of a kind the settings make jobs of; the group is the apiVersion before its last '/'.
+_FIRST_OWNER = "object.metadata.ownerReferences[0]"
+_CONTROLLED_BY_A_JOB_OWNER = f"""
+has(object.metadata.ownerReferences) && object.metadata.ownerReferences.size() > 0 &&
+has({_FIRST_OWNER}.controller) && {_FIRST_OWNER}.controller == true &&
+has({_FIRST_OWNER}.uid) && {_FIRST_OWNER}.uid != '' && params.data.jobOwners != '' &&
+has({_FIRST_OWNER}.apiVersion) && has({_FIRST_OWNER}.kind) &&
+(({_FIRST_OWNER}.apiVersion.contains('/') ?
+  {_FIRST_OWNER}.apiVersion.substring(0, {_FIRST_OWNER}.apiVersion.lastIndexOf('/')) : '') +
+  '|' + {_FIRST_OWNER}.kind) in params.data.jobOwners.split(';')
+""".strip()
+# `kinds._owned_kind`: a job owner's pod is a system job by the workload-type label or a system job type.
+_SYSTEM_JOB = (
+    f"{_HAS_LABELS} && ({_label_is(WORKLOAD_TYPE_LABEL, 'system-job')} || "
+    f"('systemJobTypes' in params.data && 'job-type' in {_LABELS} && "
+    f"{_LABELS}['job-type'] in params.data.systemJobTypes.split('|')))"
+)
+_KIND = (
+    "variables.labelledKind != '' ? variables.labelledKind : "
+    f"variables.controlledByAJobOwner ? ({_SYSTEM_JOB} ? 'system-job' : 'job') : '{UNKNOWN_KIND}'"
+)
+# The labels S5 writes (`scheduling._runai_queue`): the project's queue, then the kind's labels.
+_RUNAI_LABELS = f"""
+!variables.runai || variables.queue == '' ? [] :
+[['{RUNAI_QUEUE_LABEL}', variables.queue]] +
+(params.data['runaiLabels.' + variables.kind] == '' ? [] :
+  params.data['runaiLabels.' + variables.kind].split(';').map(p, [p.split('=')[0], p.split('=')[1]]))
+""".strip()
+_QUEUE = (
+    f"has(namespaceObject.metadata.labels) && '{RUNAI_QUEUE_LABEL}' in namespaceObject.metadata.labels ? "
+    f"namespaceObject.metadata.labels['{RUNAI_QUEUE_LABEL}'] : ''"
+)
+# The webhook's words for a namespace not bound (`runai_admission.project_not_bound`) and one
+# moving to another department (`quota.validate_pod`).
+_RUNAI_HELD = (
+    "!variables.runai ? '' : variables.queue == '' ? 'project namespace ' + namespaceObject.metadata.name + "
+    "' is not bound to a Run:ai project yet; its workloads start once it is' : ''"
+)
+_MOVING = (
+    f"variables.runai && has(namespaceObject.metadata.annotations) && "
+    f"'{RUNAI_MOVE_ANNOTATION}' in namespaceObject.metadata.annotations ? 'project ' + "
+    "namespaceObject.metadata.name + ' is moving to another department; its workloads start once the move is done' : ''"
+)
+
+# A pod without labels gets the map with its queue first; each label is then added (replaced) in turn.
+_LABEL_PATCH = f"""
+variables.runaiLabels.size() == 0 ? [] :
+(!{_HAS_LABELS} ? [JSONPatch{{op: 'add', path: '/metadata/labels',
+  value: {{'{RUNAI_QUEUE_LABEL}': variables.queue}}}}] : []) +
+variables.runaiLabels.map(p, JSONPatch{{op: 'add',
+  path: '/metadata/labels/' + p[0].replace('~', '~0').replace('/', '~1'), value: p[1]}})
 """.strip()
 
 
-_PATCH = "!variables.compiled ? [] :\n" + " +\n".join(
-    f"({part})" for part in (_REFUSAL_PATCH, _AFFINITY_PATCH, _PRIORITY_PATCH, _QUEUE_PATCH)
-)
+_PATCH = " +\n".join(f"({part})" for part in (_REFUSAL_PATCH, _AFFINITY_PATCH, _PRIORITY_PATCH, _LABEL_PATCH))
 
 
 def _match_constraints() -> dict[str, Any]:
@@ -299,6 +442,15 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                     "expression": "params.data.allowedPriorityClasses == '' ? [] : "
                     "params.data.allowedPriorityClasses.split(',')",
                 },
+                {"name": "runai", "expression": "'runaiEnabled' in params.data && params.data.runaiEnabled == 'true'"},
+                {"name": "queue", "expression": _QUEUE},
+                {"name": "kindRuleMatches", "expression": _KIND_RULE_MATCHES},
+                {"name": "labelledKind", "expression": _LABELLED_KIND},
+                {"name": "controlledByAJobOwner", "expression": _CONTROLLED_BY_A_JOB_OWNER},
+                {"name": "kind", "expression": _KIND},
+                {"name": "runaiLabels", "expression": _RUNAI_LABELS},
+                {"name": "runaiHeld", "expression": _RUNAI_HELD},
+                {"name": "moving", "expression": _MOVING},
                 {"name": "termsRefusal", "expression": _TERMS_REFUSAL},
                 {"name": "classRefusal", "expression": _CLASS_REFUSAL},
                 {"name": "refusal", "expression": _REFUSAL},
@@ -336,13 +488,18 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
 def decided_by_policies(record: NamespaceInfo, snapshot: ClusterSnapshot) -> bool:
     """Whether the policies decide every plain pod of this namespace by themselves: the leader then
     labels it for the bindings (ADMISSION_POLICIES_LABEL), which is what the webhooks' selectors
-    can read. Not with Run:ai on (the `kai.scheduler/preemptibility` label, the binding on a first
-    pod and R2's checks are the webhook's), nor with Kueue on (S4's queue label), nor with the
-    priority class subset in warn mode (the warning and its count are the webhook's), nor where
-    the project's annotations cannot be read (the webhook warns on every pod that they are
-    ignored)."""
+    can read. Not with Kueue on (S4's queue label), nor with the priority class subset in warn mode
+    (the warning and its count are the webhook's), nor where the project's annotations cannot be
+    read (the webhook warns on every pod that they are ignored). With Run:ai on, only a project
+    already bound and not moving to another department (the webhook binds on a first pod, R2,
+    and its validating phase holds a moving project's pods with a 409) whose labels the
+    parameters can carry."""
     settings = snapshot.settings
-    if not record.is_project or settings.run_ai_enable or settings.kueue_installed or warns(settings, PRIORITY_CLASS):
+    if not record.is_project or settings.kueue_installed or warns(settings, PRIORITY_CLASS):
+        return False
+    if settings.run_ai_enable and (
+        record.runai_queue is None or record.moving or not runai_labels_compilable(settings)
+    ):
         return False
     return not namespace_plan(record, snapshot).offer.notes
 
@@ -361,10 +518,14 @@ def desired_params(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
     namespace whose pods the policies may take. The policies and bindings are the chart's
     (manifests/chart/templates/14-admission-policies.yaml, generated from `policy_objects`).
 
-    With Run:ai on, a namespace not bound yet gets parameters that leave its pods to the webhook
-    (`compiled` false): the webhook binds it on its first pod (R2). Without parameters the
-    bindings would deny that pod before any webhook is called, and the namespace would wait for
-    the leader's next reconcile pass."""
+    The leader labels only the namespaces `decided_by_policies` takes, after their parameters are
+    written, and takes the label off first when that ends; the parameters of a namespace the
+    policies no longer decide (a project not bound to Run:ai yet, one moving) still say what they
+    would do, since the apiserver's namespace and ConfigMap informers may show the two changes in
+    either order. With Run:ai on the policy reads the binding from the namespace itself and refuses
+    an unbound project's pod in the webhook's words. `compiled` is false only where the settings
+    name a Run:ai label the parameters cannot carry: the policy then refuses every pod it sees.
+    """
     settings = snapshot.settings
     global_default = next((c for c in snapshot.priority_classes.values() if c.global_default), None)
     objects: list[dict[str, Any]] = []
@@ -373,7 +534,7 @@ def desired_params(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
         if PROJECT_LABEL not in record.labels:
             continue
         params = policy_params(namespace_plan(record, snapshot), global_default)
-        if settings.run_ai_enable and record.runai_queue is None:
+        if settings.run_ai_enable and not runai_labels_compilable(settings):
             params["compiled"] = "false"
         objects.append(params_config_map(name, params))
     return objects

@@ -110,13 +110,13 @@ def classify_workload(
 
 
 # What a workload-type label may make a pod: any kind but a job (see `classify_workload`).
-_LABELLED_KINDS = frozenset(WORKLOAD_KINDS) - PREEMPTIBLE_KINDS
+LABELLED_KINDS = frozenset(WORKLOAD_KINDS) - PREEMPTIBLE_KINDS
 
 
 def _labelled_kind(labels: Mapping[str, Any], rules: WorkloadKindRules) -> str | None:
     """The kind the labels give (a notebook, terminal, app or deployment), else None."""
     explicit = labels.get(WORKLOAD_TYPE_LABEL)
-    if isinstance(explicit, str) and explicit in _LABELLED_KINDS:
+    if isinstance(explicit, str) and explicit in LABELLED_KINDS:
         return explicit
     for rule in rules.rules:
         if rule.kind in PREEMPTIBLE_KINDS:

@@ -182,7 +182,7 @@ REVIEWED_OWNERS = frozenset(
 _KUBERNETES_GROUPS = frozenset({"", "apps", "batch", "autoscaling", "policy"})
 # The same kinds as their controllers write them (apiVersion, kind), so that the owner of nearly
 # every pod is passed over with one set lookup before the full read.
-_REVIEWED_REFS = frozenset((f"{group}/v1" if group else "v1", kind) for group, kind in REVIEWED_OWNERS)
+REVIEWED_REFS = frozenset((f"{group}/v1" if group else "v1", kind) for group, kind in REVIEWED_OWNERS)
 
 
 def _kubernetes_group(group: str) -> bool:
@@ -206,7 +206,7 @@ def unreviewed_owner(meta: Mapping[str, Any]) -> str | None:
     if type(refs) is list and refs and type(refs[0]) is dict:
         first = refs[0]
         version, kind = first.get("apiVersion"), first.get("kind")
-        if type(version) is str and type(kind) is str and (version, kind) in _REVIEWED_REFS:
+        if type(version) is str and type(kind) is str and (version, kind) in REVIEWED_REFS:
             return None
     owner = kai_owner(meta)
     if owner is None or not _kubernetes_group(owner.group) or (owner.group, owner.kind) in REVIEWED_OWNERS:

@@ -214,7 +214,13 @@ true
 a GPU in a request or limit, or an annotation or label of this system (but the priority class
 annotation, which the policies read), of Run:ai, KAI or Kueue. With Run:ai on, the mutation labels
 every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
-of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`). */}}
+of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`).
+
+`decided`: the namespaces the policies decide. The policy has then written runai/queue and
+kai.scheduler/preemptibility over whatever the pod came with (Run:ai on), or no rule reads them (Run:ai
+off), so those two labels call nothing; a pod Run:ai's rules would refuse for its owner or count by
+its claims is sent on: a first ownerReference of a kind other than those `core.preemptibility`
+reviews (REVIEWED_REFS), or a resource claim. */}}
 {{- define "sw.needsThePodWebhooks" -}}
 matchConditions:
   - name: needs-the-webhook
@@ -222,10 +228,21 @@ matchConditions:
       (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
       (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class') ||
       k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
-      k.startsWith('kai.scheduler/'))) ||
+      k.startsWith('kai.scheduler/') || k == 'pod-group-name')) ||
       (has(object.metadata.labels) && object.metadata.labels.exists(k,
-      k.startsWith('scheduling.hopsworks.ai/') || k.startsWith('kueue.x-k8s.io/') ||
-      k.startsWith('runai') || k.startsWith('kai.scheduler/') || k.contains('gpu'))) ||
+      k.startsWith('scheduling.hopsworks.ai/') || k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') ||
+      {{- if .decided }}
+      (k.startsWith('runai') && k != 'runai/queue') ||
+      (k.startsWith('kai.scheduler/') && k != 'kai.scheduler/preemptibility'))) ||
+      has(object.spec.resourceClaims) ||
+      (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.size() > 0 &&
+      !(has(object.metadata.ownerReferences[0].apiVersion) && has(object.metadata.ownerReferences[0].kind) &&
+      object.metadata.ownerReferences[0].apiVersion + ' ' + object.metadata.ownerReferences[0].kind in
+      ['apps/v1 DaemonSet', 'apps/v1 Deployment', 'apps/v1 ReplicaSet', 'apps/v1 StatefulSet',
+      'batch/v1 CronJob', 'batch/v1 Job', 'v1 Pod', 'v1 ReplicationController'])) ||
+      {{- else }}
+      k.startsWith('runai') || k.startsWith('kai.scheduler/'))) ||
+      {{- end }}
       object.spec.containers.exists(c, has(c.resources) &&
       ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
       (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))) ||
@@ -250,5 +267,5 @@ namespaceSelector:
     - key: kubernetes.io/metadata.name
       operator: NotIn
       values: ["kube-system", "kube-public", "kube-node-lease", {{ .Release.Namespace | quote }}]
-{{ include "sw.needsThePodWebhooks" . }}
+{{ include "sw.needsThePodWebhooks" (dict "decided" true) }}
 {{- end -}}
