@@ -18,6 +18,8 @@ two replicas, then takes turns, round after round, each in a fresh project names
   project the leader has labelled for the compiled admission policies: they make no webhook call,
   and the apiserver applies the project's defaults itself. The issue's bar: at least 0.95x the
   creations per second of `policy`, measured in the same run.
+- `product_compiled_runai`: the same with Run:ai on (the stand-in), in a project the leader has
+  bound and labelled: the policy also writes the queue and the notebook's preemptibility.
 
 Each turn creates pods one at a time (latency of `create pod`: p50, p99) and then with 8 concurrent
 clients for --seconds (creations per second). The pods are plain notebooks in a project that gets
@@ -160,6 +162,26 @@ def first_pod_seconds(cp: ControlPlane, inst: Install) -> float:
     inst.reset_settings()
     cp.kubectl("delete", "namespace", name, "--wait=false")
     return elapsed
+
+
+def runai_on(cp: ControlPlane, inst: Install, on: bool) -> None:
+    """Run:ai switched on (the stand-in, reachable from both replicas) or off, the other settings kept."""
+    data = {"run_ai_enable": "false"}
+    if on:
+        data = {"run_ai_enable": "true", "run_ai_url": inst.runai_url, "run_ai_client_id": inst.runai.client_id}
+    cp.kubectl("patch", "configmap", "hopsworks-cluster-settings", "-n", INSTALL_NS, "--type", "merge", "-p",
+               json.dumps({"data": data}))  # fmt: skip
+    if on:
+        wait("Run:ai reachable on both replicas", lambda: inst.metric("webhook_runai_reachable") == [1.0, 1.0], 30)
+    else:
+        time.sleep(2)  # the replicas' settings watch
+
+
+def bind_by_a_first_pod(cp: ControlPlane, namespace: str) -> None:
+    """A first pod through the webhook binds the project (R2); it is created again while the
+    binding settles, as a controller would."""
+    text = yaml.safe_dump(plain_notebook(namespace, "first"))
+    wait("a first pod", lambda: cp.kubectl("apply", "-f", "-", input=text, check=False).returncode == 0, 30)
 
 
 def gpu_notebook(namespace: str, name: str) -> Obj:
@@ -349,8 +371,14 @@ class GoPeer:
         self.log.close()
 
 
-MODES = ("none", "policy", "gopeer", "product", "product_gpu", "product_compiled")
-MAKERS: dict[str, Callable[[str, str], Obj]] = {"product_gpu": gpu_notebook, "product_compiled": plain_notebook}
+COMPILED_MODES = ("product_compiled", "product_compiled_runai")
+# Before 1.36 the chart renders no admission policy (v1 is not served): the product is its webhooks.
+MODES = ("none", "policy", "gopeer", "product", "product_gpu", *(COMPILED_MODES if kube_minor() >= 36 else ()))
+MAKERS: dict[str, Callable[[str, str], Obj]] = {
+    "product_gpu": gpu_notebook,
+    "product_compiled": plain_notebook,
+    "product_compiled_runai": plain_notebook,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in results.items()}
     labels = {"none": "no webhook", "policy": "minimal MutatingAdmissionPolicy", "gopeer": "Go peer, one call",
               "product": "this product (two calls)", "product_gpu": "this product, 1-GPU notebooks",
-              "product_compiled": "this product, plain notebooks: compiled policies, no call"}  # fmt: skip
+              "product_compiled": "this product, plain notebooks: compiled policies, no call",
+              "product_compiled_runai": "the same, Run:ai on, a bound project"}  # fmt: skip
     base = med["none"]["creates_per_s_8"]
     print(f"\nKubernetes {KUBE_VERSION}, medians of {args.rounds} rounds, {args.pods} sequential creations, "
           f"8 clients for {args.seconds:g} s; load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
@@ -408,8 +437,17 @@ def main(argv: list[str] | None = None) -> int:
         m = med[mode]
         print(f"| {labels[mode]} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['creates_per_s_8']:.0f} | "
               f"{m['creates_per_s_8'] / base:.2f} |")  # fmt: skip
-    compiled = med["product_compiled"]["creates_per_s_8"] / med["policy"]["creates_per_s_8"]
-    print(f"\ncompiled policies against the minimal policy, creations per second: {compiled:.2f}x (bar: 0.95x)")
+    bars = (("product_compiled", "policy", "0.95x"), ("product_compiled_runai", "policy", "0.95x"),
+            ("product", "gopeer", "1x, before 1.36"))  # fmt: skip
+    print()
+    for mode, against, bar in bars:
+        if mode not in med:
+            continue
+        ratio = med[mode]["creates_per_s_8"] / med[against]["creates_per_s_8"]
+        pairs = zip(results[mode], results[against], strict=True)
+        rounds = ", ".join(f"{c['creates_per_s_8'] / a['creates_per_s_8']:.2f}" for c, a in pairs)
+        print(f"{labels[mode]} against {labels[against]}, creations per second: {ratio:.2f}x (bar: {bar}); "
+              f"round by round {rounds}")  # fmt: skip
     if firsts:
         print(f"\nfirst pod of an unbound project, apply to stored: {', '.join(f'{s:.2f} s' for s in firsts)} "
               f"(median {statistics.median(firsts):.2f} s)")  # fmt: skip
@@ -432,10 +470,16 @@ def measure(
             if extra:
                 cp.apply(extra)
                 time.sleep(1.5)  # the apiserver's admission informers
+            if mode == "product_compiled_runai":
+                runai_on(cp, inst, True)
             ns = project(cp, f"bench-{mode.replace('_', '-')}")
-            if mode == "product_compiled":
+            if mode == "product_compiled_runai":
+                bind_by_a_first_pod(cp, ns)
+            if mode.startswith("product_compiled"):
                 wait("the leader's label for the compiled policies", lambda ns=ns: _labelled(cp, ns), 60)
             got = asyncio.run(turn(cp, ns, pods, seconds, MAKERS.get(mode, pod)))
+            if mode == "product_compiled_runai":
+                runai_on(cp, inst, False)
             results[mode].append(got)
             print(f"round {r + 1} {mode:11s} " + "  ".join(f"{k} {v:.1f}" for k, v in got.items()), flush=True)
             for obj in extra:
