@@ -80,8 +80,10 @@ def slim_pod(pod: Obj) -> Obj:
         slim_meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
 
     def containers(key: str) -> list[Obj]:
+        # An init container that restarts is a sidecar: its GPUs are held beside the app containers'.
         return [
             {"name": c.get("name"), "resources": c.get("resources") or {}}
+            | ({"restartPolicy": c["restartPolicy"]} if "restartPolicy" in c else {})
             for c in spec.get(key) or ()
             if isinstance(c, Mapping)
         ]
