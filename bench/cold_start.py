@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import json
 import os
 import random
@@ -39,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -264,8 +265,8 @@ def child(pages_file: Path, spans: list[tuple[int, int]], namespaces: int) -> Ob
     timers = Timers()
     state = ClusterState("hopsworks")
     # What bench.real_cluster.bench_settings gives the cluster the fill runs in.
-    scheduler = {**SCHEDULER, "available": {**SCHEDULER["available"], "affinity": [
-        *SCHEDULER["available"]["affinity"], "disk=ssd"]}}  # fmt: skip
+    available: dict[str, Any] = dict(SCHEDULER["available"])  # type: ignore[call-overload]
+    scheduler = {**SCHEDULER, "available": {**available, "affinity": [*available["affinity"], "disk=ssd"]}}
     state.apply({"kind": "ConfigMap", "metadata": {"name": SETTINGS_CONFIGMAP, "namespace": "hopsworks"},
                  "data": {"scheduler": json.dumps(scheduler)}})  # fmt: skip
     state.replace_all("PriorityClass", [{"kind": "PriorityClass", "metadata": {"name": "normal"}, "value": 10000}])
@@ -302,11 +303,16 @@ def child(pages_file: Path, spans: list[tuple[int, int]], namespaces: int) -> Ob
         peak = rss_mb("VmHWM")
     assert state.synced["Pod"], "the pod cache did not sync"
     cached = sum(len(p) for p in state.pods.values())
+    # Every field of every record, so that two trees can be shown to cache the same pods alike.
+    cached_records = [r for p in state.pods.values() for r in p.values()]
+    records = sorted(repr(tuple(getattr(r, f.name) for f in fields(r))) for r in cached_records)
+    digest = hashlib.sha256("\n".join(records).encode()).hexdigest()[:16]
     with timers.stage("settle"):
         gc.collect()
     settled = rss_mb()
     return {"seconds": timers.seconds, "rss_before_mb": before, "peak_mb": peak, "settled_mb": settled,
-            "cached": cached, "held_gpus": round(sum(state.held_gpus.get(n) for n in names))}  # fmt: skip
+            "cached": cached, "held_gpus": round(sum(state.held_gpus.get(n) for n in names)),
+            "records": digest}  # fmt: skip
 
 
 def run_child(tree: Path, pages_file: Path, spans_file: Path, namespaces: int) -> Obj:
@@ -332,14 +338,15 @@ def summary(runs: list[Obj]) -> Obj:
         "rss_before_mb": statistics.median(r["rss_before_mb"] for r in runs),
         "cached": runs[-1]["cached"],
         "held_gpus": runs[-1]["held_gpus"],
+        "records": runs[-1]["records"],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        spans = [tuple(s) for s in json.loads(Path(argv[2]).read_text())]
-        print(json.dumps(child(Path(argv[1]), spans, int(argv[3]))))  # type: ignore[arg-type]
+        spans = [(offset, length) for offset, length in json.loads(Path(argv[2]).read_text())]
+        print(json.dumps(child(Path(argv[1]), spans, int(argv[3]))))
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.cold_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=50_000)
@@ -368,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: summary(r) for name, r in runs.items()}
     for name, tree in trees.items():
         r = results[name]
-        print(f"{name} ({tree}): {r['cached']} pods cached, {r['held_gpus']} GPUs held; "
+        print(f"{name} ({tree}): {r['cached']} pods cached, {r['held_gpus']} GPUs held, records {r['records']}; "
               f"RSS before the list {r['rss_before_mb']:.0f} MB")  # fmt: skip
     stages = ["list", "decode", "prepare", "store", "settle"]
     names = list(trees)
