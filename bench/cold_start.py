@@ -303,13 +303,13 @@ def child(pages_file: Path, spans: list[tuple[int, int]], namespaces: int) -> Ob
         peak = rss_mb("VmHWM")
     assert state.synced["Pod"], "the pod cache did not sync"
     cached = sum(len(p) for p in state.pods.values())
+    with timers.stage("settle"):
+        gc.collect()
+    settled = rss_mb()
     # Every field of every record, so that two trees can be shown to cache the same pods alike.
     cached_records = [r for p in state.pods.values() for r in p.values()]
     records = sorted(repr(tuple(getattr(r, f.name) for f in fields(r))) for r in cached_records)
     digest = hashlib.sha256("\n".join(records).encode()).hexdigest()[:16]
-    with timers.stage("settle"):
-        gc.collect()
-    settled = rss_mb()
     return {"seconds": timers.seconds, "rss_before_mb": before, "peak_mb": peak, "settled_mb": settled,
             "cached": cached, "held_gpus": round(sum(state.held_gpus.get(n) for n in names)),
             "records": digest}  # fmt: skip
