@@ -632,6 +632,8 @@ def test_deployment_is_hardened_and_highly_available(rendered: list[dict[str, An
     # The first lists of a large cluster take minutes; liveness must not cut them short.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    # Yet a replica that has listed is found soon: the period adds to every restart's time to ready.
+    assert startup["periodSeconds"] <= 2 and startup["timeoutSeconds"] <= startup["periodSeconds"]
     assert startup["httpGet"]["port"] == "probes"
 
     spread = pod.get("topologySpreadConstraints") or []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -18,8 +18,9 @@ from tests.support.control_plane.fault_proxy import FaultProxy
 from tests.support.fixtures import metric, remote_calls
 from tests.support.kube_scope import KubeScope, SharedCluster, eventually
 from tests.support.kueue_crds import kueue_crds
-from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
+from webhook.kube.watch import HeldListing, KubeWatcher, Listing, ResourceWatch, WatchTiming
 from webhook.settings import SETTINGS_CONFIGMAP
+from webhook.snapshot import PodRecord
 from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher, default_watches
 
@@ -355,6 +356,9 @@ async def test_one_more_resource_is_one_line(kube_scope: KubeScope, api: ApiClie
             for obj in objects:
                 self.apply(obj)
 
+        def listing(self, kind: str) -> Listing:
+            return HeldListing(self, kind)
+
     ns = await kube_scope.namespace("owned", project=False)
     # The webhook's ServiceAccount reads ConfigMaps only in its install namespace: the admin here.
     core = CoreV1Api(kube_scope.api)
@@ -482,10 +486,10 @@ async def test_a_relist_that_fails_part_way_is_not_reported_synced(
     class Breaks(ClusterState):
         broken = False
 
-        def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
-            if self.broken and kind == "Pod":
+        def replace_pods(self, records: Iterable[PodRecord]) -> None:
+            if self.broken:
                 raise RuntimeError("a store bug half way through")
-            super().replace_all(kind, objects)
+            super().replace_pods(records)
 
     state = Breaks(kube_scope.install_ns)
     await kube_scope.create(pod(kube_scope.install_ns, "p"))

@@ -36,7 +36,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from webhook.console.session import MAX_SESSION_S, Session
 from webhook.http.auth import Principal
 from webhook.kube.api import KubeConflict, KubeError, KubeNotFound
-from webhook.kube.watch import KubeWatcher, ResourceWatch
+from webhook.kube.watch import HeldListing, KubeWatcher, Listing, ResourceWatch
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,9 @@ class Signouts:
         self._data, self._entries = {}, {}
         for obj in objects:
             self.apply(obj)
+
+    def listing(self, kind: str) -> Listing:
+        return HeldListing(self, kind)
 
 
 def signouts_watcher(signouts: Signouts, api: ApiClient, namespace: str) -> KubeWatcher:

@@ -2,13 +2,16 @@
 
 Each `ResourceWatch` runs one informer-like loop: a paginated list replaces the kind in the store in
 one synchronous step (no reader ever sees it half-filled), marks it synced for /readyz, then a watch
-applies events. `410 Gone` (as an HTTP status or as an ERROR event inside the stream) means the
-history we would resume from is gone: re-list. Other failures back off with jitter and resume from
-the last resourceVersion seen, so a dropped connection costs no re-list. A clean end of the stream
+applies events. The pages go to the sink's `Listing` as they arrive, so a sink may keep less of each
+object than the page held (the pod cache keeps a record of each pod, not the object). `410 Gone`
+(as an HTTP status or as an ERROR event inside the stream) means the history we would resume from
+is gone: re-list. Other failures back off with jitter and resume from the last resourceVersion
+seen, so a dropped connection costs no re-list. A clean end of the stream
 (the server's timeoutSeconds) resumes at once.
 
 Responses are read as raw JSON (`_preload_content=False`): no model round-trip, unknown fields kept,
-and the store gets plain dicts with `kind` set, exactly what the folder-backed feeder gives it.
+and the store gets plain dicts with `kind` set, exactly what the folder-backed feeder gives it. A
+watch may decode its list pages itself (`decode_page`), keeping only the fields its sink reads.
 """
 
 from __future__ import annotations
@@ -36,6 +39,20 @@ log = logging.getLogger(__name__)
 ListFn = Callable[..., Awaitable[Any]]
 
 
+# A list page's body -> the page as JSON (`metadata` and `items`), its items already slimmed; None
+# for a page not of the decoder's schema, which is then parsed whole and each item slimmed.
+PageDecoder = Callable[[bytes], Mapping[str, Any] | None]
+
+
+class Listing(Protocol):
+    """A fresh list on its way into a sink: each page is added as it arrives; `finish` replaces the
+    kind with all of them in one synchronous step."""
+
+    def add(self, objects: Sequence[Obj]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class Sink(Protocol):
     """Where a watch delivers objects; `ClusterState` is one."""
 
@@ -46,6 +63,24 @@ class Sink(Protocol):
     def delete(self, obj: Mapping[str, Any]) -> None: ...
 
     def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def listing(self, kind: str) -> Listing: ...
+
+
+class HeldListing:
+    """A sink's `Listing` that holds every object until the list is complete, then hands them all
+    to `replace_all`."""
+
+    def __init__(self, sink: Sink, kind: str) -> None:
+        self.sink = sink
+        self.kind = kind
+        self.objects: list[Obj] = []
+
+    def add(self, objects: Sequence[Obj]) -> None:
+        self.objects.extend(objects)
+
+    def finish(self) -> None:
+        self.sink.replace_all(self.kind, self.objects)
 
 
 class _Absent(Exception):
@@ -82,6 +117,9 @@ class ResourceWatch:
     # namespace), which must never keep /readyz, and so every pod webhook, down.
     forbidden_ok: bool = False
     slim: Callable[[Obj], Obj] | None = None  # drop what the store does not need (memory, at 100k pods)
+    # Decodes a list page and slims its items at once (`slim` then applies to watch events, and to
+    # a page the decoder refuses); None: every page is parsed whole and each item slimmed.
+    decode_page: PageDecoder | None = None
     timing: WatchTiming = field(default_factory=WatchTiming)
     resource_version: str | None = field(default=None, init=False)  # last seen; None: list next
 
@@ -160,8 +198,25 @@ class ResourceWatch:
             selectors["label_selector"] = self.label_selector
         return selectors
 
+    def _decode_page(self, body: bytes) -> tuple[Mapping[str, Any], list[Obj]]:
+        """A list page and its items, ready for the sink."""
+        page = self.decode_page(body) if self.decode_page is not None else None
+        if page is not None:
+            return page, self._kinded_items(page.get("items") or ())
+        page = json.loads(body)
+        return page, self._prepared_items(page.get("items") or ())
+
+    def _kinded_items(self, items: Iterable[Any]) -> list[Obj]:
+        kinded = []
+        for item in items:
+            if "kind" not in item:
+                item["kind"] = self.kind
+            kinded.append(item)
+        return kinded
+
     async def _list(self, sink: Sink) -> None:
-        items: list[Obj] = []
+        listing = sink.listing(self.kind)
+        count = 0
         cont: str | None = None
         rv = ""
         while True:
@@ -175,25 +230,28 @@ class ResourceWatch:
             try:
                 if response.status != 200:
                     raise await self._error(response)
-                body = await response.json(loads=json.loads, content_type=None)
+                body = await response.read()
             finally:
                 response.release()
-            items.extend(self._prepared_items(body.get("items") or ()))
-            meta = body.get("metadata") or {}
+            page, items = self._decode_page(body)
+            del body
+            count += len(items)
+            listing.add(items)
+            meta = page.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
             cont = meta.get("continue")
             if not cont:
                 break
         try:
-            sink.replace_all(self.kind, items)  # one synchronous step: readers see old or new, never a mix
+            listing.finish()  # one synchronous step: readers see old or new, never a mix
         except Exception:
             # Part of the list may be in: never report such a cache as synced (it would under-count).
             sink.synced[self.name] = False
             raise
         sink.synced[self.name] = True
-        CACHE_OBJECTS.labels(self.name).set(len(items))
+        CACHE_OBJECTS.labels(self.name).set(count)
         self.resource_version = rv
-        log.info("%s: listed %d at resourceVersion %s", self.name, len(items), rv)
+        log.info("%s: listed %d at resourceVersion %s", self.name, count, rv)
 
     async def _watch(self, sink: Sink) -> int:
         """Apply events until the stream ends cleanly; returns how many. Raises on anything else."""

@@ -36,7 +36,7 @@ from webhook.core.preemptibility import runai_preemptibility
 from webhook.core.quota import request_key, validate_pod
 from webhook.core.scheduling import pod_target
 from webhook.kube.api import KubeApi, KubeConflict, KubeError
-from webhook.kube.watch import KubeWatcher, ResourceWatch, WatchTiming
+from webhook.kube.watch import HeldListing, KubeWatcher, Listing, ResourceWatch, WatchTiming
 from webhook.snapshot import ClusterSnapshot, GpuReservation
 from webhook.state.store import ClusterState, apply_each
 
@@ -203,6 +203,9 @@ class GpuReservations:
         self._objects.clear()
         self._reservations.clear()
         apply_each(kind, objects, self.apply)
+
+    def listing(self, kind: str) -> Listing:
+        return HeldListing(self, kind)
 
     def reservations(self, namespace: str) -> Mapping[str, GpuReservation]:
         return self._reservations.get(namespace, {})

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from webhook.core.kinds import UNREADABLE_POD_GPUS, classify_workload, pod_controller, pod_gpu_request
 from webhook.core.preemptibility import runai_preemptibility
+from webhook.kube.watch import HeldListing, Listing
 from webhook.metrics import PODS_UNREADABLE_GPUS, RUNAI_ADMISSION_AVAILABLE, SETTINGS_REJECTED, log_skipped
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings, SettingsError
 from webhook.snapshot import (
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # before the pod left can be corrected by it.
 FREED_RETENTION_S = 300.0
 
+# Told of every write of a kind this store caches, after it: the event, the kind, the object. A
+# pod list is the exception: its pods are made records as the pages arrive, and nothing listens
+# for pods (they are the cache's bulk), so they are not told one by one.
 Listener = Callable[[str, str, Mapping[str, Any]], None]
 
 # Kueue's cluster-scoped kinds this store keeps, each a record of its name. Their kind names are
@@ -261,15 +265,9 @@ class ClusterState:
             self._runai_admission().clear()  # listed: from now on, a missing one is known missing
             self._publish_runai_admission()
         elif kind == "Pod":
-            before = [record for pods in self.pods.values() for record in pods.values()]
-            self.pods.clear()
-            self.held_gpus.clear()
-            self.unreadable_gpu_pods.clear()
-            PODS_UNREADABLE_GPUS.set(0)
-            apply_each(kind, objects, self.apply)
-            for record in before:  # deleted while the watch was down
-                if not record.finished and record.uid not in self.pods.get(record.namespace, {}):
-                    self._freed(record)
+            listing = _PodListing(self)
+            listing.add(objects)
+            listing.finish()
             return
         elif kind == "ConfigMap" and not any(
             isinstance(o.get("metadata"), Mapping) and o["metadata"].get("name") == SETTINGS_CONFIGMAP for o in objects
@@ -280,6 +278,31 @@ class ClusterState:
             apply_each(kind, objects, self.apply)
         finally:
             self._listing = False
+
+    def listing(self, kind: str) -> Listing:
+        """Where a fresh list of `kind` goes as its pages arrive (`webhook.kube.watch.Listing`):
+        pods become records at once, so a page is let go as soon as it is read; any other kind is
+        held for `replace_all`."""
+        return _PodListing(self) if kind == "Pod" else HeldListing(self, kind)
+
+    def replace_pods(self, records: Iterable[PodRecord]) -> None:
+        """The pods of a fresh list, as records made while it arrived: what is no longer there is
+        dropped (a GPU pod's GPUs freed), and the GPU pods are classified again under the settings
+        and PriorityClasses of now, which may have changed since their page came."""
+        before = [record for pods in self.pods.values() for record in pods.values()]
+        self.pods.clear()
+        self.unreadable_gpu_pods.clear()
+        for record in records:
+            self.pods.setdefault(record.namespace, {})[record.uid] = record
+            if record.gpus_unreadable:
+                self.unreadable_gpu_pods.add(record.uid)
+            else:
+                self.unreadable_gpu_pods.discard(record.uid)
+        PODS_UNREADABLE_GPUS.set(len(self.unreadable_gpu_pods))
+        self._classify_gpu_pods(self._snapshot.settings)  # and the held GPUs counted afresh
+        for record in before:  # deleted while the watch was down
+            if not record.finished and record.uid not in self.pods.get(record.namespace, {}):
+                self._freed(record)
 
     def _stamped(self, info: NamespaceInfo) -> NamespaceInfo:
         """Carry over (or set) when the namespace's current Run:ai binding was first seen here."""
@@ -386,6 +409,25 @@ class ClusterState:
     def _notify(self, event: str, kind: str, obj: Mapping[str, Any]) -> None:
         for listener in self.listeners:
             listener(event, kind, obj)
+
+
+class _PodListing:
+    """A fresh pod list on its way into the store: each pod a record as its page arrives."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.records: list[PodRecord] = []
+
+    def add(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        settings, classes = self.state.settings, self.state.priority_classes
+        for obj in objects:
+            try:
+                self.records.append(pod_record(obj, settings, classes))
+            except Exception:  # one pod the cache cannot take must not keep it from syncing
+                log_skipped("Pod", "list", obj)
+
+    def finish(self) -> None:
+        self.state.replace_pods(self.records)
 
 
 def apply_each(kind: str, objects: Sequence[Mapping[str, Any]], apply: Callable[[Mapping[str, Any]], None]) -> int:

@@ -1,5 +1,6 @@
-"""Which kinds feed the admission caches from the Kubernetes API, and how a pod is slimmed for
-them. The list-then-watch machinery itself is `webhook.kube.watch`."""
+"""Which kinds feed the admission caches from the Kubernetes API, and how a ReplicaSet and a
+Deployment are slimmed for them (a pod: `webhook.state.slim_pods`). The list-then-watch machinery
+itself is `webhook.kube.watch`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from webhook.kube.api import Obj
 from webhook.kube.watch import KubeWatcher, ListFn, ResourceWatch, Sink, WatchTiming
 from webhook.settings import SETTINGS_CONFIGMAP
 from webhook.snapshot import GROUP_REPLICAS_ANNOTATION, RUNAI_NAMESPACE
+from webhook.state.slim_pods import decode_pod_list, slim_pod
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 # Kueue serves v1beta2 (its storage version) since v0.15 and still v1beta1, deprecated; before v0.15
@@ -45,9 +47,6 @@ def kueue_list(custom: CustomObjectsApi, plural: str) -> ListFn:
     return list_fn
 
 
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
 def slim_replica_set(rs: Obj) -> Obj:
     """A ReplicaSet's identity, owner, desired-replicas annotation and replicas; of its template
     only the pod-group annotation."""
@@ -66,37 +65,6 @@ def slim_replica_set(rs: Obj) -> Obj:
     for key in ("kind", "apiVersion"):
         if key in rs:
             out[key] = rs[key]
-    return out
-
-
-def slim_pod(pod: Obj) -> Obj:
-    """What the pod cache and its listeners need: identity, labels and annotations, GPU resources,
-    scheduling fields and phase. managedFields and the rest of the spec can be kilobytes per pod."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    slim_meta = {k: v for k, v in meta.items() if k != "managedFields"}
-    annotations = meta.get("annotations")
-    if annotations and _LAST_APPLIED in annotations:
-        slim_meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
-
-    def containers(key: str) -> list[Obj]:
-        return [
-            {"name": c.get("name"), "resources": c.get("resources") or {}}
-            for c in spec.get(key) or ()
-            if isinstance(c, Mapping)
-        ]
-
-    slim_spec: Obj = {"containers": containers("containers")}
-    if spec.get("initContainers"):
-        slim_spec["initContainers"] = containers("initContainers")
-    for key in ("nodeName", "priorityClassName", "priority", "preemptionPolicy", "schedulerName"):
-        if key in spec:
-            slim_spec[key] = spec[key]
-    out: Obj = {"metadata": slim_meta, "spec": slim_spec, "status": {"phase": (pod.get("status") or {}).get("phase")}}
-    if "kind" in pod:
-        out["kind"] = pod["kind"]
-    if "apiVersion" in pod:
-        out["apiVersion"] = pod["apiVersion"]
     return out
 
 
@@ -162,7 +130,11 @@ def default_watches(
                 "ReplicaSet", AppsV1Api(api).list_replica_set_for_all_namespaces, slim=slim_replica_set, timing=timing
             )
         )
-        watches.append(ResourceWatch("Pod", core.list_pod_for_all_namespaces, slim=slim_pod, timing=timing))
+        watches.append(
+            ResourceWatch(
+                "Pod", core.list_pod_for_all_namespaces, slim=slim_pod, decode_page=decode_pod_list, timing=timing
+            )
+        )
     return watches
 
 
