@@ -12,14 +12,20 @@ two replicas, then takes turns, round after round, each in a fresh project names
   required node-affinity expressions on a plain project pod), run by the apiserver itself;
 - `gopeer`: the Go peer (bench/gopeer, `make bench-gopeer`), one mutating call making the change
   the product makes to the same pod;
-- `product`: the install's webhook configurations as rendered (two calls for a pod);
-- `product_gpu`: the same, with 1-GPU notebooks, beside them;
+- `product`: the product as installed, with notebooks choosing a node label (the affinity
+  annotation): two webhook calls before 1.36; from 1.36 the compiled policies read the choice, so
+  once the leader has labelled the project there is no call;
+- `product_gpu`: the same, with 1-GPU notebooks (two calls everywhere: the quota);
+- `product_plain` (before 1.36): plain notebooks, one call (the mutation). The issue's bar: at
+  least the Go peer's one call;
 - `product_compiled`: the product as installed, with plain notebooks (no annotation of ours) in a
   project the leader has labelled for the compiled admission policies: they make no webhook call,
   and the apiserver applies the project's defaults itself. The issue's bar: at least 0.95x the
   creations per second of `policy`, measured in the same run.
 - `product_compiled_runai`: the same with Run:ai on (the stand-in), in a project the leader has
-  bound and labelled: the policy also writes the queue and the notebook's preemptibility.
+  bound and labelled: the policy also writes the queue and the notebook's preemptibility. Run:ai's
+  own admission webhook (the install's stand-in) is set aside for the turn: any cluster with Run:ai
+  pays for it, with or without the product.
 
 Each turn creates pods one at a time (latency of `create pod`: p50, p99) and then with 8 concurrent
 clients for --seconds (creations per second). The pods are plain notebooks in a project that gets
@@ -48,7 +54,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +66,7 @@ from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, admi
 from tests.support.control_plane.install import INSTALL_NS, Install, installed
 from tests.support.control_plane.kai import QueueSync, kai_running, set_department_quota
 from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
+from tests.support.runai_webhook import CONFIGURATION as RUNAI_CONFIGURATION
 from webhook.snapshot import ADMISSION_POLICIES_LABEL
 from webhook.tls.issuing import make_ca, make_serving_cert, write_serving_files
 
@@ -175,6 +182,25 @@ def runai_on(cp: ControlPlane, inst: Install, on: bool) -> None:
         wait("Run:ai reachable on both replicas", lambda: inst.metric("webhook_runai_reachable") == [1.0, 1.0], 30)
     else:
         time.sleep(2)  # the replicas' settings watch
+
+
+@contextlib.contextmanager
+def runai_admission_set_aside(cp: ControlPlane, aside: bool) -> Iterator[None]:
+    """Without Run:ai's own admission (the install's stand-in webhook, selected by the namespace's
+    `runai/queue`): every cluster with Run:ai pays it, with or without the product, and the stand-in
+    is a Python test server, not Run:ai's."""
+    if not aside:
+        yield
+        return
+    found = cp.get_json("mutatingwebhookconfiguration", RUNAI_CONFIGURATION)
+    kept = {"apiVersion": found["apiVersion"], "kind": found["kind"], "webhooks": found["webhooks"],
+            "metadata": {"name": RUNAI_CONFIGURATION, "labels": found["metadata"].get("labels", {})}}  # fmt: skip
+    cp.kubectl("delete", "mutatingwebhookconfiguration", RUNAI_CONFIGURATION)
+    time.sleep(1.5)  # the apiserver's admission informers
+    try:
+        yield
+    finally:
+        cp.apply([kept])
 
 
 def bind_by_a_first_pod(cp: ControlPlane, namespace: str) -> None:
@@ -371,13 +397,17 @@ class GoPeer:
         self.log.close()
 
 
-COMPILED_MODES = ("product_compiled", "product_compiled_runai")
-# Before 1.36 the chart renders no admission policy (v1 is not served): the product is its webhooks.
-MODES = ("none", "policy", "gopeer", "product", "product_gpu", *(COMPILED_MODES if kube_minor() >= 36 else ()))
+# From 1.36 the chart installs the compiled policies, which decide plain notebooks and a notebook
+# choosing a node label without a webhook call. Before, it renders none (v1 is not served): the
+# product is its webhooks, a plain notebook one call (`product_plain`), one choosing a label two.
+POLICIES = kube_minor() >= 36
+COMPILED_MODES = ("product_compiled", "product_compiled_runai") if POLICIES else ("product_plain",)
+MODES = ("none", "policy", "gopeer", "product", "product_gpu", *COMPILED_MODES)
 MAKERS: dict[str, Callable[[str, str], Obj]] = {
     "product_gpu": gpu_notebook,
     "product_compiled": plain_notebook,
     "product_compiled_runai": plain_notebook,
+    "product_plain": plain_notebook,
 }
 
 
@@ -426,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(dir, ignore_errors=True)
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in results.items()}
     labels = {"none": "no webhook", "policy": "minimal MutatingAdmissionPolicy", "gopeer": "Go peer, one call",
-              "product": "this product (two calls)", "product_gpu": "this product, 1-GPU notebooks",
+              "product": "this product, notebooks choosing a node label" + (
+                  ": compiled policies, no call" if POLICIES else " (two calls)"),
+              "product_gpu": "this product, 1-GPU notebooks (two calls)",
+              "product_plain": "this product, plain notebooks (one call)",
               "product_compiled": "this product, plain notebooks: compiled policies, no call",
               "product_compiled_runai": "the same, Run:ai on, a bound project"}  # fmt: skip
     base = med["none"]["creates_per_s_8"]
@@ -438,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {labels[mode]} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['creates_per_s_8']:.0f} | "
               f"{m['creates_per_s_8'] / base:.2f} |")  # fmt: skip
     bars = (("product_compiled", "policy", "0.95x"), ("product_compiled_runai", "policy", "0.95x"),
-            ("product", "gopeer", "1x, before 1.36"))  # fmt: skip
+            ("product_plain", "gopeer", "1x, before 1.36"))  # fmt: skip
     print()
     for mode, against, bar in bars:
         if mode not in med:
@@ -477,7 +510,8 @@ def measure(
                 bind_by_a_first_pod(cp, ns)
             if mode.startswith("product_compiled"):
                 wait("the leader's label for the compiled policies", lambda ns=ns: _labelled(cp, ns), 60)
-            got = asyncio.run(turn(cp, ns, pods, seconds, MAKERS.get(mode, pod)))
+            with runai_admission_set_aside(cp, mode == "product_compiled_runai"):
+                got = asyncio.run(turn(cp, ns, pods, seconds, MAKERS.get(mode, pod)))
             if mode == "product_compiled_runai":
                 runai_on(cp, inst, False)
             results[mode].append(got)

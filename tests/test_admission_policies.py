@@ -51,6 +51,9 @@ PARAM_CASES: list[tuple[str, dict[str, Any], str, dict[str, str]]] = [
             "priorityClassName": "normal",
             "priority": "10000",
             "preemptionPolicy": "PreemptLowerPriority",
+            "affinityAllowed": "topology.kubernetes.io/zone=eu-1a,disk=ssd",
+            "antiAffinityAllowed": "maintenance=true",
+            "enforceAffinity": "true",
             "allowedPriorityClasses": "batch,normal",
             "enforcePriorityClasses": "true",
             "runaiQueue": "",
@@ -245,7 +248,7 @@ def test_the_parameters_name_the_clusters_global_default_class() -> None:
         ({"run_ai_enable": True}, False),  # not bound yet: the webhook binds it on a first pod (R2)
         ({"kueue_installed": True}, False),  # S4's queue label
         ({"priority_class_enforcement": "warn"}, False),  # the warning and its count
-        ({"affinity_enforcement": "warn"}, True),  # a plain pod names no affinity label
+        ({"affinity_enforcement": "warn"}, False),  # a workload's choice outside the subset: the warning
     ],
 )
 def test_the_policies_decide_a_projects_plain_pods_only_where_the_webhook_adds_nothing(
@@ -284,3 +287,10 @@ def test_with_runai_the_policies_decide_a_bound_project_not_moving(
 ) -> None:
     snap = snapshot(namespaces=[namespace("vision", labels=labels, annotations=annotations)], run_ai_enable=True)
     assert decided_by_policies(snap.namespaces["vision"], snap) is decided
+
+
+def test_node_labels_a_choice_could_not_be_split_from_leave_the_project_to_the_webhook() -> None:
+    scheduler = {**SCHEDULER, "available": {**SCHEDULER["available"], "affinity": ["zone=a,b"]},
+                 "project": {**SCHEDULER["project"], "affinity": ["zone=a,b"]}}  # fmt: skip
+    snap = snapshot(namespaces=[namespace("churn")], scheduler=scheduler)
+    assert decided_by_policies(snap.namespaces["churn"], snap) is False

@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.support import chart, policy_template, values_reference
 from tests.support.chart import HelmFailed
-from webhook.core.admission_policies import POLICY_NAME, policy_objects
+from webhook.core.admission_policies import POLICY_NAME, REFUSAL_ANNOTATION, policy_objects
 from webhook.core.preemptibility import REVIEWED_REFS
 from webhook.core.workloads import WORKLOAD_KINDS
 from webhook.settings import SETTINGS_CONFIGMAP, ClusterSettings
@@ -1367,6 +1367,8 @@ def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: 
         # The labels the policy writes over what a pod came with call nothing there; an owner Run:ai's
         # rules would refuse, or a claim, calls the webhook: the owners reviewed are core.preemptibility's.
         assert "k != 'runai/queue'" in condition["expression"]
+        assert "k != 'scheduling.hopsworks.ai/affinity'" in condition["expression"]
+        assert f"k != '{REFUSAL_ANNOTATION}'" in condition["expression"]
         assert "k != 'kai.scheduler/preemptibility'" in condition["expression"]
         assert "has(object.spec.resourceClaims)" in condition["expression"]
         listed = re.search(r"ownerReferences\[0\]\.kind in \[([^]]*)\]", condition["expression"])
@@ -1378,6 +1380,7 @@ def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: 
             (main_condition,) = first["matchConditions"]
             assert "k.startsWith('runai') || k.startsWith('kai.scheduler/')" in main_condition["expression"]
             assert "'runai/queue'" not in main_condition["expression"]
+            assert "'scheduling.hopsworks.ai/affinity'" not in main_condition["expression"]
         else:
             assert first.get("matchConditions") is None
     # Where the policies are not rendered (turned off, or the kind not served: an apiserver before

@@ -74,6 +74,7 @@ RUNAI_PROJECTS = [
     ),
 ]
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+AFF, ANTI = "scheduling.hopsworks.ai/affinity", "scheduling.hopsworks.ai/anti-affinity"
 
 
 def _settings_of(ns: str) -> ClusterSnapshot:
@@ -139,6 +140,28 @@ PODS = [
     Pod("with labels", labels={"app": "x"}),
     Pod("17 own terms", spec=_terms(*({"matchExpressions": [_expr("disk", "In", f"d{i}")]} for i in range(17)))),
     Pod("9 own terms", spec=_terms(*({"matchExpressions": [_expr("disk", "In", f"d{i}")]} for i in range(9)))),
+    Pod(
+        "an own term that already has the defaults",
+        spec=_terms({"matchExpressions": [_expr("maintenance", "NotIn", "true"), _expr("disk", "In", "ssd")]}),
+    ),
+    Pod("chooses an offered label", annotations={AFF: ZONE}),
+    Pod("chooses two keys, a repeat and spaces", annotations={AFF: f" {ZONE} , disk=ssd,,{ZONE} , disk = ssd"}),
+    Pod("chooses a label outside the subset", annotations={AFF: "disk=hdd, " + ZONE}),
+    Pod("chooses an empty list", annotations={AFF: " , "}),
+    Pod("chooses anti-affinity only", annotations={ANTI: "maintenance=true"}),
+    Pod("chooses anti-affinity outside the subset", annotations={ANTI: "maintenance=false"}),
+    Pod("an unreadable choice", annotations={AFF: "zone-eu"}),
+    Pod("a choice of more than 4096 characters", annotations={AFF: "disk=ssd," * 500}),
+    Pod(
+        "a choice and own terms",
+        spec=_terms({"matchExpressions": [_expr("disk", "In", "ssd")]}),
+        annotations={AFF: f"{ZONE},disk=ssd"},
+    ),
+    Pod(
+        "both choices unreadable and a class outside the subset",
+        spec={"priorityClassName": "urgent"},
+        annotations={AFF: "=x", ANTI: "nothing"},
+    ),
     Pod(
         "17 own terms and a class outside the subset",
         spec={
@@ -311,6 +334,19 @@ REFUSED = {
     ("vision", "names a class outside the subset"),
     ("vision", "17 own terms"),
     ("vision", "17 own terms and a class outside the subset"),
+    *(
+        (ns, pod)
+        for ns in ("churn", "fraud", "vision")
+        for pod in (
+            "chooses a label outside the subset",
+            "chooses anti-affinity outside the subset",
+            "an unreadable choice",
+            "a choice of more than 4096 characters",
+            "both choices unreadable and a class outside the subset",
+            "chooses two keys, a repeat and spaces",  # "disk = ssd" is an item, spaces and all: offered nowhere
+        )
+    ),
+    ("fraud", "a choice and own terms"),  # disk=ssd is not offered there
     # Not bound: held before any rule. Moving: the rules' refusal first, else the move's.
     *(("vision-unbound", pod.id) for pod in PODS[:3]),
     *(("vision-moving", pod.id) for pod in PODS[:3]),

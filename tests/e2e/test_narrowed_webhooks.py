@@ -106,6 +106,17 @@ async def test_plain_pods_of_a_decided_project_make_no_webhook_call_and_fail_clo
         stored = await cluster.get("pod", f"nb{i}", project)
         assert stored["spec"]["priorityClassName"] == "normal", stored["spec"]
     assert reviews(local, "mutate_pods") == mark, "a plain pod reached the webhook"
+    # A workload's own choice of node labels is read by the policies too: no call, and a label
+    # outside the project's list refused in the webhook's words.
+    chosen = pod("chosen", project, annotations={"scheduling.hopsworks.ai/affinity": "disk=ssd"})
+    await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(chosen))
+    terms = (await cluster.get("pod", "chosen", project))["spec"]["affinity"]["nodeAffinity"]
+    assert {"key": "disk", "operator": "In", "values": ["ssd"]} in terms[
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]  # fmt: skip
+    outside = pod("outside", project, annotations={"scheduling.hopsworks.ai/affinity": "disk=hdd"})
+    stderr = await cluster.refused("apply", "-f", "-", stdin=yaml.safe_dump(outside))
+    assert f"affinity disk=hdd not available in project {project}; allowed:" in stderr, stderr
+    assert reviews(local, "mutate_pods") == mark, "a pod choosing node labels reached the webhook"
     await cluster.ok("apply", "-f", "-", stdin=yaml.safe_dump(gpu_pod("gpu", project)))
     assert reviews(local, "mutate_pods") > mark, "the GPU pod did not reach the webhook"
     assert before <= mark

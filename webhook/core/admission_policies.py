@@ -4,9 +4,9 @@ ValidatingAdmissionPolicy objects, with their bindings, and one parameter Config
 The policies are the same for every project; what differs between projects is in the parameters,
 and the parameters are computed here from the Python decision's own inputs (`core.namespace_plan`:
 the offer, the default priority class with its value), so the CEL only applies what Python
-decided. The policies cover a plain pod of a bound project namespace that chose no node labels
-of its own (no affinity annotations): the webhook keeps every pod that names them, since reading
-a `key=value` list and checking it against the subset is webhook work (`matchConditions`).
+decided. The policies cover every pod of a project namespace but a static one, the workload's own
+choice of node labels (the affinity annotations) included: the annotation is read, checked against
+the project's list and refused in the webhook's words, all in CEL.
 
 Parameter values are strings (a ConfigMap's data). Lists of node labels are written grouped by
 key as `key=v1|v2;key2=v3`: `;`, `|` and `=` cannot appear in a label key or value, so CEL's
@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.core.enforcement import PRIORITY_CLASS, warns
+from webhook.core.enforcement import AFFINITY, PRIORITY_CLASS, warns
 from webhook.core.kinds import LABELLED_KINDS, WORKLOAD_TYPE_LABEL
 from webhook.core.namespace_plan import Grouped, NamespacePlan, namespace_plan
 from webhook.core.preemptibility import runai_labels
+from webhook.core.scheduling import MAX_CHOICE_CHARS
 from webhook.settings import PREEMPTIBLE_KINDS, UNKNOWN_KIND, WORKLOAD_KINDS, ClusterSettings, WorkloadKindRules
 from webhook.snapshot import (
     ADMISSION_POLICIES_LABEL,
@@ -81,6 +82,11 @@ def _kind_label_pairs(kind: str, settings: ClusterSettings) -> list[tuple[str, s
     return list(runai_labels(None if kind == UNKNOWN_KIND else kind, settings).items())
 
 
+def affinity_compilable(plan: NamespacePlan) -> bool:
+    """Whether the node labels a workload may choose can be listed in the parameters."""
+    return not any("," in label for label in (*plan.offer.affinity, *plan.offer.anti_affinity))
+
+
 def runai_labels_compilable(settings: ClusterSettings) -> bool:
     """Whether every kind's Run:ai labels can be written as parameters (a label the settings name
     with a separator in it is the apiserver's to refuse, through the webhook)."""
@@ -124,6 +130,11 @@ def policy_params(plan: NamespacePlan, global_default: PriorityClassInfo | None)
         "priority": str(default_class.value) if default_class else "",
         "preemptionPolicy": default_class.preemption_policy if default_class else "",
         "globalDefaultClass": global_default.name if global_default else "",
+        # The labels a workload may choose (a chosen list is split at commas, so none holds one:
+        # `affinity_compilable`).
+        "affinityAllowed": ",".join(offer.affinity),
+        "antiAffinityAllowed": ",".join(offer.anti_affinity),
+        "enforceAffinity": "false" if warns(settings, AFFINITY) else "true",
         "allowedPriorityClasses": ",".join(offer.priority_classes),
         # Warn mode admits a class outside the subset with a warning the webhook words: not compiled.
         "enforcePriorityClasses": "false" if warns(settings, PRIORITY_CLASS) else "true",
@@ -151,17 +162,70 @@ def _has_annotation(key: str) -> str:
     return f"(has(object.metadata.annotations) && '{key}' in object.metadata.annotations)"
 
 
-# Pods the policies take: those the webhook does not have to see for S1-S3.
-MATCH_CONDITIONS = [
-    {"name": "no-mirror-pod", "expression": f"!{_has_annotation(MIRROR_POD_ANNOTATION)}"},
-    {
-        "name": "no-node-label-choice",
-        "expression": f"!{_has_annotation(AFFINITY_ANNOTATION)} && !{_has_annotation(ANTI_AFFINITY_ANNOTATION)}",
-    },
-]
+# Pods the policies take: every pod but a static one (the kubelet's; the webhook leaves it too).
+MATCH_CONDITIONS = [{"name": "no-mirror-pod", "expression": f"!{_has_annotation(MIRROR_POD_ANNOTATION)}"}]
 
 _GROUPS = """params.data.{field} == '' ? [] : params.data.{field}.split(';').map(g, {{
   'key': dyn(g.split('=')[0]), 'operator': dyn('{operator}'), 'values': dyn(g.split('=')[1].split('|'))}})"""
+
+
+# A workload's own choice of node labels (`scheduling.parse_label_list`, `choices.resolve_affinity`,
+# `namespace_plan.grouped`), for each of the two annotations (`{v}`: the variables' prefix).
+def _annotation(key: str) -> str:
+    return f"object.metadata.annotations['{key}']"
+
+
+def _chosen_items(key: str) -> str:
+    """The annotation's comma-separated items, trimmed, each once, in order, empties dropped."""
+    return (
+        f"!{_has_annotation(key)} || {_annotation(key)}.size() > {MAX_CHOICE_CHARS} ? [] : "
+        f"{_annotation(key)}.split(',').map(x, x.trim()).distinct().filter(x, x != '')"
+    )
+
+
+_NOT_A_LABEL = "!x.contains('=') || x.split('=')[0].trim() == ''"
+
+
+def _parse_error(key: str, items: str) -> str:
+    """The webhook's words for an annotation it cannot read (`parse_label_list`), else ''."""
+    return (
+        f"!{_has_annotation(key)} ? '' : {_annotation(key)}.size() > {MAX_CHOICE_CHARS} ? "
+        f"'annotation {key}: ' + string({_annotation(key)}.size()) + ' characters, more than the limit of "
+        f"{MAX_CHOICE_CHARS}' : {items}.exists(x, {_NOT_A_LABEL}) ? 'annotation {key}: \\'' + "
+        f"{items}.filter(x, {_NOT_A_LABEL}).map(x, x.size() > 100 ? x.substring(0, 100) : x)[0] + "
+        "'\\' is not a key=value node label' : ''"
+    )
+
+
+def _subset_error(what: str, items: str, allowed: str) -> str:
+    """`choices.not_allowed` for the chosen labels outside the project's list, in enforce mode."""
+    return (
+        f"params.data.enforceAffinity != 'true' || {items}.all(x, x in {allowed}) ? '' : "
+        f"'{what} ' + {items}.filter(x, !(x in {allowed})).join(', ') + ' not available in project ' + "
+        f"namespaceObject.metadata.name + '; allowed: ' + ({allowed}.size() == 0 ? 'none' : {allowed}.join(', '))"
+    )
+
+
+def _chosen_groups(items: str, operator: str) -> str:
+    """The chosen labels grouped by key in first-seen order, each group's values once."""
+    key = "x.split('=')[0].trim()"
+    return (
+        f"{items}.map(x, {key}).distinct().map(k, {{'key': dyn(k), 'operator': dyn('{operator}'), "
+        f"'values': dyn({items}.filter(x, {key} == k).map(x, x.substring(x.indexOf('=') + 1).trim()).distinct())}})"
+    )
+
+
+def _allowed(field: str) -> str:
+    return f"(params.data.{field} == '' ? [] : params.data.{field}.split(','))"
+
+
+def _error_of(key: str, what: str, parse_error: str, items: str, allowed_field: str) -> str:
+    """An annotation's refusal: unreadable (every mode), else labels outside the project's list."""
+    return (
+        f"{parse_error} != '' ? {parse_error} : !{_has_annotation(key)} ? '' : "
+        f"{_subset_error(what, items, _allowed(allowed_field))}"
+    )
+
 
 _OWN_TERMS = (
     "has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
@@ -181,10 +245,19 @@ def _plain(requirements: str) -> str:
     )
 
 
-def _term(group: str | None) -> str:
-    """An own term `t` ANDed with the affinity expression `group` (None: none) and every exclusion."""
-    ours = "dyn(variables.excluded)" if group is None else f"dyn([{group}]) + dyn(variables.excluded)"
-    expressions = f"dyn(has(t.matchExpressions) ? {_plain('t.matchExpressions')} : []) + {ours}"
+def _present(expression: str) -> str:
+    """Whether the own term `t` already has `expression` (`scheduling._expression_key`: the same
+    key, operator and values in any order)."""
+    return (
+        f"(has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == {expression}.key && "
+        f"e.operator == {expression}.operator && has(e.values) && e.values.sort() == {expression}.values.sort()))"
+    )
+
+
+def _term(ours: str) -> str:
+    """The own term `t` ANDed with those of the expressions `ours` it does not have yet."""
+    added = f"({ours}).filter(x, !{_present('x')})"
+    expressions = f"dyn(has(t.matchExpressions) ? {_plain('t.matchExpressions')} : []) + dyn({added})"
     fields = _plain("t.matchFields")
     return (
         f"has(t.matchFields) ? dyn({{'matchExpressions': {expressions}, 'matchFields': dyn({fields})}}) "
@@ -192,10 +265,18 @@ def _term(group: str | None) -> str:
     )
 
 
+# An own term that already has every exclusion and one of the affinity expressions is kept as it
+# is (`scheduling._combined_terms`): a second mutation changes nothing.
+_SATISFIED = (
+    f"variables.excluded.all(x, {_present('x')}) && "
+    f"(variables.affinity.size() == 0 || variables.affinity.exists(x, {_present('x')}))"
+)
+
 # Term-major like the webhook (`scheduling._combined_terms`): each own term once per affinity key.
 _COMBINED_TERMS = (
-    f"variables.affinity.size() == 0 ? variables.own.map(t, {_term(None)}) : "
-    f"variables.own.map(t, variables.affinity.map(g, {_term('g')})).flatten()"
+    f"variables.own.map(t, {_SATISFIED} ? [{_term('dyn([])')}] : variables.affinity.size() == 0 ? "
+    f"[{_term('dyn(variables.excluded)')}] : "
+    f"variables.affinity.map(g, {_term('dyn([g]) + dyn(variables.excluded)')})).flatten()"
 )
 
 
@@ -216,10 +297,7 @@ variables.termCount > int(params.data.maxTerms) ?
   string(variables.termCount) + ' terms, more than the limit of ' + params.data.maxTerms +
   ': simplify the pod\\'s nodeAffinity or choose fewer affinity labels' : ''
 """.strip()
-_TERM_COUNT = (
-    "variables.own.size() == 0 ? (variables.affinity.size() == 0 ? 1 : variables.affinity.size()) : "
-    "variables.own.size() * (variables.affinity.size() == 0 ? 1 : variables.affinity.size())"
-)
+_TERM_COUNT = "variables.own.size() == 0 ? variables.fresh.size() : variables.combined.size()"
 # S1/S3: a pod that names no class, or only the cluster's globalDefault one that the Priority
 # plugin wrote in (unless the workload asked for it with the annotation), gets the default class
 # with its value and preemption policy: the Priority plugin ran before any policy.
@@ -243,7 +321,7 @@ _CLASS_REFUSAL = (
     f"object.spec.priorityClassName in variables.allowed ? '' : {_CLASS_MESSAGE}"
 )
 # The webhook's refusals in its order: a project Run:ai cannot take yet before any rule
-# (`scheduling.mutate_target`), then affinity and class joined, then a move (the validating phase).
+# (`scheduling.mutate_target`), then the rules' joined, then a move (the validating phase).
 _NOT_COMPILED = (
     f"'the settings name a Run:ai label the admission policy cannot write ({PARAMS_NAME} in ' + "
     "namespaceObject.metadata.name + ' says compiled: false); its pods wait for the settings to be corrected'"
@@ -251,10 +329,14 @@ _NOT_COMPILED = (
 _REFUSAL = (
     f"!variables.compiled ? {_NOT_COMPILED} : "
     "variables.runaiHeld != '' ? variables.runaiHeld : "
-    "variables.termsRefusal != '' && variables.classRefusal != '' ? "
-    "variables.termsRefusal + '; ' + variables.classRefusal : "
-    "variables.termsRefusal + variables.classRefusal != '' ? variables.termsRefusal + variables.classRefusal : "
-    "variables.moving"
+    "variables.ruleErrors.size() > 0 ? variables.ruleErrors.join('; ') : variables.moving"
+)
+# The rules' errors in the webhook's order: each annotation's (`_node_labels`), else the bound on the
+# terms, then the class.
+_RULE_ERRORS = (
+    "[variables.affinityError, variables.antiAffinityError].filter(e, e != '').size() > 0 ? "
+    "[variables.affinityError, variables.antiAffinityError, variables.classRefusal].filter(e, e != '') : "
+    "[variables.termsRefusal, variables.classRefusal].filter(e, e != '')"
 )
 
 # A policy cannot refuse, so the mutating policy writes its refusal into an annotation that the
@@ -431,8 +513,48 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
             "reinvocationPolicy": "Never",
             "variables": [
                 {"name": "compiled", "expression": "params.data.compiled == 'true'"},
-                {"name": "affinity", "expression": _GROUPS.format(field="affinityIn", operator="In")},
-                {"name": "excluded", "expression": _GROUPS.format(field="antiAffinityNotIn", operator="NotIn")},
+                {"name": "affinityItems", "expression": _chosen_items(AFFINITY_ANNOTATION)},
+                {"name": "antiAffinityItems", "expression": _chosen_items(ANTI_AFFINITY_ANNOTATION)},
+                {
+                    "name": "affinityParseError",
+                    "expression": _parse_error(AFFINITY_ANNOTATION, "variables.affinityItems"),
+                },
+                {
+                    "name": "antiAffinityParseError",
+                    "expression": _parse_error(ANTI_AFFINITY_ANNOTATION, "variables.antiAffinityItems"),
+                },
+                {
+                    "name": "affinityError",
+                    "expression": _error_of(
+                        AFFINITY_ANNOTATION,
+                        "affinity",
+                        "variables.affinityParseError",
+                        "variables.affinityItems",
+                        "affinityAllowed",
+                    ),
+                },
+                {
+                    "name": "antiAffinityError",
+                    "expression": _error_of(
+                        ANTI_AFFINITY_ANNOTATION,
+                        "anti-affinity",
+                        "variables.antiAffinityParseError",
+                        "variables.antiAffinityItems",
+                        "antiAffinityAllowed",
+                    ),
+                },
+                {
+                    "name": "affinity",
+                    "expression": f"{_has_annotation(AFFINITY_ANNOTATION)} ? "
+                    f"{_chosen_groups('variables.affinityItems', 'In')} : "
+                    + _GROUPS.format(field="affinityIn", operator="In"),
+                },
+                {
+                    "name": "excluded",
+                    "expression": f"{_has_annotation(ANTI_AFFINITY_ANNOTATION)} ? "
+                    f"{_chosen_groups('variables.antiAffinityItems', 'NotIn')} : "
+                    + _GROUPS.format(field="antiAffinityNotIn", operator="NotIn"),
+                },
                 {"name": "own", "expression": _OWN_TERMS},
                 {"name": "fresh", "expression": _FRESH_TERMS},
                 {"name": "combined", "expression": _COMBINED_TERMS},
@@ -453,6 +575,7 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
                 {"name": "moving", "expression": _MOVING},
                 {"name": "termsRefusal", "expression": _TERMS_REFUSAL},
                 {"name": "classRefusal", "expression": _CLASS_REFUSAL},
+                {"name": "ruleErrors", "expression": _RULE_ERRORS},
                 {"name": "refusal", "expression": _REFUSAL},
             ],
             # One mutation whose patch holds every part: each mutation is evaluated and applied on
@@ -488,20 +611,26 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
 def decided_by_policies(record: NamespaceInfo, snapshot: ClusterSnapshot) -> bool:
     """Whether the policies decide every plain pod of this namespace by themselves: the leader then
     labels it for the bindings (ADMISSION_POLICIES_LABEL), which is what the webhooks' selectors
-    can read. Not with Kueue on (S4's queue label), nor with the priority class subset in warn mode
-    (the warning and its count are the webhook's), nor where the project's annotations cannot be
+    can read. Not with Kueue on (S4's queue label), nor with the priority class or affinity subset
+    in warn mode (the warning and its count are the webhook's), nor where the project's annotations cannot be
     read (the webhook warns on every pod that they are ignored). With Run:ai on, only a project
     already bound and not moving to another department (the webhook binds on a first pod, R2,
     and its validating phase holds a moving project's pods with a 409) whose labels the
     parameters can carry."""
     settings = snapshot.settings
-    if not record.is_project or settings.kueue_installed or warns(settings, PRIORITY_CLASS):
+    if (
+        not record.is_project
+        or settings.kueue_installed
+        or warns(settings, PRIORITY_CLASS)
+        or warns(settings, AFFINITY)
+    ):
         return False
     if settings.run_ai_enable and (
         record.runai_queue is None or record.moving or not runai_labels_compilable(settings)
     ):
         return False
-    return not namespace_plan(record, snapshot).offer.notes
+    plan = namespace_plan(record, snapshot)
+    return not plan.offer.notes and affinity_compilable(plan)
 
 
 def served_mutating_version(served: Mapping[str, list[str]]) -> str | None:

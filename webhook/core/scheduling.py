@@ -162,7 +162,8 @@ def parse_label_list(raw: Any) -> list[str]:
     for item in items:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{item[:100]!r} is not a key=value node label")
+            # Quoted as written, not by repr: the compiled policy words it the same (admission_policies).
+            raise ValueError(f"'{item[:100]}' is not a key=value node label")
     return items
 
 

@@ -216,7 +216,10 @@ annotation, which the policies read), of Run:ai, KAI or Kueue. With Run:ai on, t
 every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
 of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`).
 
-`decided`: the namespaces the policies decide. The policy has then written runai/queue and
+`decided`: the namespaces the policies decide. They read the affinity annotations themselves
+(enforce mode only: the leader labels no project whose affinity subset warns), and a pod the
+mutating policy marked refused (scheduling.hopsworks.ai/policy-refusal) is refused by the validating
+one, with no call. The policy has then written runai/queue and
 kai.scheduler/preemptibility over whatever the pod came with (Run:ai on), or no rule reads them (Run:ai
 off), so those two labels call nothing; a pod Run:ai's rules would refuse for its owner or count by
 its claims is sent on: a first ownerReference of a kind other than those `core.preemptibility`
@@ -226,7 +229,11 @@ matchConditions:
   - name: needs-the-webhook
     expression: >-
       (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
-      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class') ||
+      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class'
+      {{- if .decided }} &&
+      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity' &&
+      k != 'scheduling.hopsworks.ai/policy-refusal'
+      {{- end }}) ||
       k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
       k.startsWith('kai.scheduler/') || k == 'pod-group-name')) ||
       (has(object.metadata.labels) && object.metadata.labels.exists(k,
