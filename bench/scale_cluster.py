@@ -17,7 +17,8 @@ concurrent clients; then, with the configurations back, it reports:
   started it again and its readiness probe passes, so it includes the lists and watches of what
   it caches and the probe's period;
 - `create pod` latency at --rate creations per second for --seconds (open loop: counted from
-  when each was due), plain notebooks in a project namespace, with the product and then with its
+  when each was due), 1-GPU notebooks in a project namespace (webhook pods: the compiled policies
+  decide every other notebook without a call, from 1.36), with the product and then with its
   webhook configurations set aside (the apiserver's own cost), and the apiserver's
   `apiserver_admission_webhook_admission_duration_seconds` for our pod webhooks over the same
   window (p50 and p99 from its histogram buckets).
@@ -138,7 +139,7 @@ async def paced(cp: ControlPlane, namespace: str, rate: float, seconds: float) -
 
         async def one(due: float) -> None:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            await post(session, url, pod(namespace, f"paced-{uuid.uuid4().hex[:10]}"))
+            await post(session, url, gpu_notebook(namespace, f"paced-{uuid.uuid4().hex[:10]}"))
             latencies.append(time.perf_counter() - due)
 
         start = time.perf_counter()

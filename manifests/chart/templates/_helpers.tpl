@@ -211,12 +211,13 @@ true
 {{- end -}}
 
 {{/* The pods a pod webhook must see where the compiled policies or nothing else would decide them:
-a GPU in a request or limit, or an annotation or label of this system (but the priority class
-annotation, which the policies read), of Run:ai, KAI or Kueue. With Run:ai on, the mutation labels
+a GPU in a request or limit, or an annotation or label of this system (but the priority class and
+node label choices, which the mutation and the policies read and validate_pod does not), of Run:ai,
+KAI or Kueue. With Run:ai on, the mutation labels
 every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
 of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`).
 
-`decided`: the namespaces the policies decide. They read the affinity annotations themselves
+`decided`: the namespaces the policies decide. They read the node label choices themselves
 (enforce mode only: the leader labels no project whose affinity subset warns), and a pod the
 mutating policy marked refused (scheduling.hopsworks.ai/policy-refusal) is refused by the validating
 one, with no call. The policy has then written runai/queue and
@@ -229,11 +230,9 @@ matchConditions:
   - name: needs-the-webhook
     expression: >-
       (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
-      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class'
-      {{- if .decided }} &&
-      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity' &&
-      k != 'scheduling.hopsworks.ai/policy-refusal'
-      {{- end }}) ||
+      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class' &&
+      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity'
+      {{- if .decided }} && k != 'scheduling.hopsworks.ai/policy-refusal'{{ end }}) ||
       k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
       k.startsWith('kai.scheduler/') || k == 'pod-group-name')) ||
       (has(object.metadata.labels) && object.metadata.labels.exists(k,
