@@ -13,8 +13,8 @@ two replicas, then takes turns, round after round, each in a fresh project names
 - `gopeer`: the Go peer (bench/gopeer, `make bench-gopeer`), one mutating call making the change
   the product makes to the same pod;
 - `product`: the product as installed, with notebooks choosing a node label (the affinity
-  annotation): one webhook call before 1.36 (the mutation); from 1.36 the compiled policies read
-  the choice, so once the leader has labelled the project there is no call;
+  annotation): two webhook calls before 1.36; from 1.36 the compiled policies read the choice, so
+  once the leader has labelled the project there is no call;
 - `product_gpu`: the same, with 1-GPU notebooks (two calls everywhere: the quota);
 - `product_plain` (before 1.36): plain notebooks, one call (the mutation). The issue's bar: at
   least the Go peer's one call;
@@ -399,7 +399,8 @@ class GoPeer:
 
 # From 1.36 the chart installs the compiled policies, which decide plain notebooks and a notebook
 # choosing a node label without a webhook call. Before, it renders none (v1 is not served): the
-# product is its webhooks, one call for a plain notebook (`product_plain`) or one choosing a label.
+# product is its webhooks, one call for a plain notebook (`product_plain`), two for one choosing a
+# label (in warn mode validate-pods counts the choice's would-be refusals).
 POLICIES = kube_minor() >= 36
 COMPILED_MODES = ("product_compiled", "product_compiled_runai") if POLICIES else ("product_plain",)
 MODES = ("none", "policy", "gopeer", "product", "product_gpu", *COMPILED_MODES)
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in results.items()}
     labels = {"none": "no webhook", "policy": "minimal MutatingAdmissionPolicy", "gopeer": "Go peer, one call",
               "product": "this product, notebooks choosing a node label" + (
-                  ": compiled policies, no call" if POLICIES else " (one call)"),
+                  ": compiled policies, no call" if POLICIES else " (two calls)"),
               "product_gpu": "this product, 1-GPU notebooks (two calls)",
               "product_plain": "this product, plain notebooks (one call)",
               "product_compiled": "this product, plain notebooks: compiled policies, no call",

@@ -1380,8 +1380,8 @@ def test_pod_webhooks_of_namespaces_the_policies_decide_are_narrowed(ca_bundle: 
             (main_condition,) = first["matchConditions"]
             assert "k.startsWith('runai') || k.startsWith('kai.scheduler/')" in main_condition["expression"]
             assert "'runai/queue'" not in main_condition["expression"]
-            # A node label choice is the mutation's; validate_pod does not read it.
-            assert "k != 'scheduling.hopsworks.ai/affinity'" in main_condition["expression"]
+            # A node label choice calls validate-pods there: in warn mode it counts the would-be refusals.
+            assert "'scheduling.hopsworks.ai/affinity'" not in main_condition["expression"]
         else:
             assert first.get("matchConditions") is None
     # Where the policies are not rendered (turned off, or the kind not served: an apiserver before

@@ -173,10 +173,11 @@ async def check_routing_with_the_servers_down(cluster: Cluster) -> None:
     local = cluster.needs_local("scales the install down")
     project = await cluster.project("down")
     await asyncio.to_thread(local.scale, 0)
-    # A pod that chose node labels: the webhook's, also where the compiled admission policies
-    # decide the project's plain pods (those are admitted by the policies with no server up).
-    stderr = await cluster.refused("run", "nb", "-n", project, f"--image={IMAGE}",
-                                   "--annotations=scheduling.hopsworks.ai/affinity=disk=ssd")  # fmt: skip
+    # A GPU pod: the webhook's everywhere, also where the compiled admission policies decide the
+    # project's other pods (those are admitted by the policies with no server up).
+    gpu = pod("nb", project)
+    gpu["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    stderr = await cluster.refused("apply", "-f", "-", stdin=yaml.safe_dump(gpu))
     assert f'failed calling webhook "{MUTATE}"' in stderr, stderr
     # Pod owners too: Run:ai reads their labels before their pods'.
     stderr = await cluster.refused("create", "cronjob", "nightly", "-n", project, f"--image={IMAGE}",
@@ -248,6 +249,14 @@ async def test_runai_binds_a_new_project_and_its_pod_goes_through_runai(cluster:
     await check_runai_sees_the_queue(cluster)
 
 
+async def check_runai_sees_the_queue_from_the_webhooks(cluster: Cluster) -> None:
+    """The same where only the webhooks decide: the compiled admission policies, whose mutation runs
+    before every webhook, would give the pod its queue whatever order the webhooks are in. With the
+    priority class subset in warn mode the leader leaves every project to the webhooks."""
+    await cluster.settings(priority_class_enforcement="warn")
+    await check_runai_sees_the_queue(cluster)
+
+
 async def test_kueue_cannot_be_turned_on_while_runai_is_on(cluster: Cluster, tmp_path: Path) -> None:
     await turn_runai_on(cluster)
     stderr = await cluster.refused("patch", "configmap", SETTINGS, "-n", INSTALL_NS, "--type", "merge",
@@ -291,7 +300,7 @@ def sort_after_runai(objects: list[Obj]) -> None:
         # mutate-pods then calls the (stopped) server for kube-system pods too
         (drop_namespace_selectors, check_routing_with_the_servers_down, "-n kube-system --image="),
         # Run:ai's webhook sees the pod before ours gave it the queue
-        (sort_after_runai, check_runai_sees_the_queue, "== ['fresh-"),
+        (sort_after_runai, check_runai_sees_the_queue_from_the_webhooks, "== ['fresh-"),
     ],
     ids=["namespaceSelector-dropped", "mutating-configuration-sorts-after-runai"],
 )

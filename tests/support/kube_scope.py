@@ -297,6 +297,16 @@ class KubeScope:
         await self.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
                            "roleRef": {"apiGroup": group_of_rbac, "kind": "Role", "name": name},
                            "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
+        # The apiserver's RBAC reads roles from its informers: a call made at once may still be denied.
+        attributes = {"verb": verb, "resource": resource, "namespace": namespace, "group": group}
+
+        async def allowed() -> bool:
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {"user": user, "resourceAttributes": attributes}}  # fmt: skip
+            answer = await self.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+            return bool(answer["status"].get("allowed"))
+
+        await eventually(allowed, message=f"RBAC never allowed {user} {attributes}")
 
     async def admin_token(self, prefix: str = "admin") -> tuple[str, str]:
         """A ServiceAccount bound to the cluster's `cluster-admin` ClusterRole, and a token of it."""

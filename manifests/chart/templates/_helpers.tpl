@@ -211,9 +211,10 @@ true
 {{- end -}}
 
 {{/* The pods a pod webhook must see where the compiled policies or nothing else would decide them:
-a GPU in a request or limit, or an annotation or label of this system (but the priority class and
-node label choices, which the mutation and the policies read and validate_pod does not), of Run:ai,
-KAI or Kueue. With Run:ai on, the mutation labels
+a GPU in a request or limit, or an annotation or label of this system (but the priority class
+annotation, which the policies read), of Run:ai, KAI or Kueue. A node label choice still calls
+validate-pods outside the decided namespaces: in warn mode it counts the choice's would-be refusals
+(`http.handlers.warn_mode`), once per admitted pod. With Run:ai on, the mutation labels
 every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
 of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`).
 
@@ -230,9 +231,11 @@ matchConditions:
   - name: needs-the-webhook
     expression: >-
       (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
-      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class' &&
-      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity'
-      {{- if .decided }} && k != 'scheduling.hopsworks.ai/policy-refusal'{{ end }}) ||
+      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class'
+      {{- if .decided }} &&
+      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity' &&
+      k != 'scheduling.hopsworks.ai/policy-refusal'
+      {{- end }}) ||
       k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
       k.startsWith('kai.scheduler/') || k == 'pod-group-name')) ||
       (has(object.metadata.labels) && object.metadata.labels.exists(k,
