@@ -18,6 +18,7 @@ import yaml
 from tests.e2e.conftest import AUDITED_CREATOR, AUDITED_CREATOR_USER, Cluster, Obj, Result
 from tests.e2e.test_kubectl import expressions, gpu_deployment, offer_scheduling, pod, quota_known_project
 from tests.support.control_plane.install import Install
+from webhook.core.enforcement import WOULD_REFUSE_ANNOTATION
 
 pytestmark = pytest.mark.slow
 
@@ -163,6 +164,27 @@ async def test_subset_choices_warn_with_the_scheduling_they_chose_then_enforce_r
         assert alone + affinity in refused.stderr, str(refused)
     finally:
         await cluster.settings(priority_class_enforcement="enforce", affinity_enforcement="enforce")
+
+
+async def test_a_class_chosen_only_in_the_spec_is_counted_in_warn_mode(cluster: Cluster) -> None:
+    """A pod that names a class outside the subset and carries no label or annotation of ours: the
+    mutation marks it with the families it admitted (WOULD_REFUSE_ANNOTATION), so validate-pods,
+    which counts them, is called for it (the chart calls it only for a pod marked as ours)."""
+    local = cluster.needs_local("reads the replicas' metrics")
+    await offer_scheduling(cluster)
+    project = await cluster.project("warnspec")
+    creator = await audited_creator(cluster, local, project)
+    try:
+        await cluster.settings(priority_class_enforcement="warn")
+        chosen = yaml.safe_dump(pod("nb-spec", project, priorityClassName="urgent"))
+        warned = await until_admitted(cluster, creator, chosen, "not available in project")
+        assert ADMITTED_BY.format(key="priority_class_enforcement") in warned.stderr, str(warned)
+        stored = await cluster.get("pod", "nb-spec", project)
+        assert stored["spec"]["priorityClassName"] == "urgent"
+        assert stored["metadata"]["annotations"][WOULD_REFUSE_ANNOTATION] == "priority-class"
+        assert counted(local, "priority-class", project) == 1
+    finally:
+        await cluster.settings(priority_class_enforcement="enforce")
 
 
 async def test_an_owner_overriding_preemptibility_warns_then_enforce_refuses(cluster: Cluster) -> None:

@@ -41,6 +41,10 @@ MUTATION_FAMILIES = (PRIORITY_CLASS, AFFINITY, QUEUE_TOPOLOGY)
 # its decision, so nothing is left to carry on with.
 BY_REASON: Mapping[Reason, str] = {Reason.GPU_QUOTA_EXCEEDED: GPU_QUOTA}
 WOULD_REFUSE_AUDIT = "would-refuse"  # the audit annotation's key (the apiserver prefixes the webhook's name)
+# The pod annotation naming the families the mutation admitted in warn mode. The pod's validation
+# counts them, and the chart calls validate-pods only for a pod that carries a label or annotation
+# of ours (or a GPU): a pod that chose a class only by `spec.priorityClassName` carries none.
+WOULD_REFUSE_ANNOTATION = "scheduling.hopsworks.ai/would-refuse"
 
 # A would-be refusal: (family, the refusal's message).
 WouldRefuse = tuple[str, str]

@@ -14,7 +14,15 @@ import orjson
 
 from webhook.core.choices import not_allowed, resolve_affinity, resolve_priority_class
 from webhook.core.decision import Decision, Reason
-from webhook.core.enforcement import AFFINITY, PRIORITY_CLASS, QUEUE_TOPOLOGY, WouldRefuse, warns, with_would_refuse
+from webhook.core.enforcement import (
+    AFFINITY,
+    PRIORITY_CLASS,
+    QUEUE_TOPOLOGY,
+    WOULD_REFUSE_ANNOTATION,
+    WouldRefuse,
+    warns,
+    with_would_refuse,
+)
 from webhook.core.kinds import pod_kind
 from webhook.core.namespace_plan import (
     Grouped,
@@ -234,6 +242,9 @@ def mutate_target(
     if m.errors:
         refused = Decision.deny("; ".join(m.errors), code=m.code, reason=m.reason, warnings=m.warnings)
         return with_would_refuse(refused, m.would_refuse), m.patch
+    if m.would_refuse:
+        families = ",".join(dict.fromkeys(family for family, _ in m.would_refuse))
+        m.patch.set_annotation(WOULD_REFUSE_ANNOTATION, families)
     # Made directly: the audit map is this mutation's own, so it needs no copy (Decision.allow's).
     decision = Decision(True, "", 200, None, tuple(m.patch.operations()), tuple(m.warnings), m.audit)
     return with_would_refuse(decision, m.would_refuse), m.patch
