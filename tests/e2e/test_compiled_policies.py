@@ -279,13 +279,20 @@ def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 def _wait_policies_active(cp: ControlPlane) -> None:
-    """The apiserver loads policies and bindings from its informers: wait until a pod is mutated."""
+    """The apiserver loads each policy and binding from its informers, the validating ones apart
+    from the mutating ones: wait until a pod is mutated and one the mutation marks is refused."""
     deadline = time.monotonic() + 30
     while True:
         stored, _ = _create(cp, _manifest(Pod("probe"), "probe", "churn"))
-        if stored is not None and stored["spec"].get("priorityClassName") == "normal":
+        outside, message = _create(cp, _manifest(Pod("probe", spec={"priorityClassName": "urgent"}), "probe", "churn"))
+        if (
+            stored is not None
+            and stored["spec"].get("priorityClassName") == "normal"
+            and outside is None
+            and "not available" in message
+        ):
             return
-        assert time.monotonic() < deadline, f"policies never applied: {stored}"
+        assert time.monotonic() < deadline, f"policies never applied: {stored}, {outside}, {message}"
         time.sleep(0.2)
 
 
