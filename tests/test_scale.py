@@ -51,7 +51,20 @@ def test_memory_per_pod_is_bounded_and_does_not_grow_with_the_pod() -> None:
     assert abs(big - slim) <= 0.1 * slim, (slim, big)
 
 
+def _cache_everything_once(pods: int) -> None:
+    """Module-level tables made on first use (memos, metric children, interned names) are no
+    per-pod cost: another store makes them before the measured one starts, whatever ran before."""
+    warm = new_state()
+    for i in range(pods):
+        warm.apply(pod_object(i, NAMESPACES))
+    for i in range(pods):
+        warm.delete(pod_object(i, NAMESPACES))
+    for n in range(NAMESPACES):
+        warm.delete({"kind": "Namespace", "metadata": {"name": f"project-{n:05d}"}})
+
+
 def test_deleting_pods_and_namespaces_gives_the_memory_back() -> None:
+    _cache_everything_once(200)
     state = new_state()
     gc.collect()
     tracemalloc.start()
