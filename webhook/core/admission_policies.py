@@ -22,7 +22,7 @@ are selected by).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.core.enforcement import AFFINITY, PRIORITY_CLASS, warns
 from webhook.core.kinds import LABELLED_KINDS, WORKLOAD_TYPE_LABEL
@@ -498,6 +498,82 @@ def _binding(kind: str, api_version: str) -> dict[str, Any]:
     }
 
 
+class _Choice(NamedTuple):
+    """One of the two node label choices, each read the same way."""
+
+    prefix: str  # of its variables
+    annotation: str
+    what: str  # the word its refusal starts with (`choices.not_allowed`)
+    allowed: str  # the parameter listing the labels the project offers
+    groups: str  # the variable of the grouped labels the pod gets
+    operator: str
+    defaults: str  # the parameter of the labels a pod that chose none gets
+
+
+_CHOICES = (
+    _Choice("affinity", AFFINITY_ANNOTATION, "affinity", "affinityAllowed", "affinity", "In", "affinityIn"),
+    _Choice(
+        "antiAffinity",
+        ANTI_AFFINITY_ANNOTATION,
+        "anti-affinity",
+        "antiAffinityAllowed",
+        "excluded",
+        "NotIn",
+        "antiAffinityNotIn",
+    ),
+)
+
+
+def _variables() -> list[tuple[str, str]]:
+    """The mutating policy's variables, (name, CEL), each after those it reads."""
+    items = [(f"{c.prefix}Items", _chosen_items(c.annotation)) for c in _CHOICES]
+    parse_errors = [
+        (f"{c.prefix}ParseError", _parse_error(c.annotation, f"variables.{c.prefix}Items")) for c in _CHOICES
+    ]
+    errors = [
+        (
+            f"{c.prefix}Error",
+            _error_of(c.annotation, c.what, f"variables.{c.prefix}ParseError", f"variables.{c.prefix}Items", c.allowed),
+        )
+        for c in _CHOICES
+    ]
+    groups = [
+        (
+            c.groups,
+            f"{_has_annotation(c.annotation)} ? {_chosen_groups(f'variables.{c.prefix}Items', c.operator)} : "
+            + _GROUPS.format(field=c.defaults, operator=c.operator),
+        )
+        for c in _CHOICES
+    ]
+    allowed = "params.data.allowedPriorityClasses == '' ? [] : params.data.allowedPriorityClasses.split(',')"
+    runai = "'runaiEnabled' in params.data && params.data.runaiEnabled == 'true'"
+    return [
+        ("compiled", "params.data.compiled == 'true'"),
+        *items,
+        *parse_errors,
+        *errors,
+        *groups,
+        ("own", _OWN_TERMS),
+        ("fresh", _FRESH_TERMS),
+        ("combined", _COMBINED_TERMS),
+        ("termCount", _TERM_COUNT),
+        ("allowed", allowed),
+        ("runai", runai),
+        ("queue", _QUEUE),
+        ("kindRuleMatches", _KIND_RULE_MATCHES),
+        ("labelledKind", _LABELLED_KIND),
+        ("controlledByAJobOwner", _CONTROLLED_BY_A_JOB_OWNER),
+        ("kind", _KIND),
+        ("runaiLabels", _RUNAI_LABELS),
+        ("runaiHeld", _RUNAI_HELD),
+        ("moving", _MOVING),
+        ("termsRefusal", _TERMS_REFUSAL),
+        ("classRefusal", _CLASS_REFUSAL),
+        ("ruleErrors", _RULE_ERRORS),
+        ("refusal", _REFUSAL),
+    ]
+
+
 def policy_objects(mutating_api_version: str, validating_api_version: str = "v1") -> list[dict[str, Any]]:
     """The policies and their bindings, in the API versions the apiserver serves (discovery)."""
     param_kind = {"apiVersion": "v1", "kind": "ConfigMap"}
@@ -511,73 +587,7 @@ def policy_objects(mutating_api_version: str, validating_api_version: str = "v1"
             "matchConditions": MATCH_CONDITIONS,
             "failurePolicy": "Fail",
             "reinvocationPolicy": "Never",
-            "variables": [
-                {"name": "compiled", "expression": "params.data.compiled == 'true'"},
-                {"name": "affinityItems", "expression": _chosen_items(AFFINITY_ANNOTATION)},
-                {"name": "antiAffinityItems", "expression": _chosen_items(ANTI_AFFINITY_ANNOTATION)},
-                {
-                    "name": "affinityParseError",
-                    "expression": _parse_error(AFFINITY_ANNOTATION, "variables.affinityItems"),
-                },
-                {
-                    "name": "antiAffinityParseError",
-                    "expression": _parse_error(ANTI_AFFINITY_ANNOTATION, "variables.antiAffinityItems"),
-                },
-                {
-                    "name": "affinityError",
-                    "expression": _error_of(
-                        AFFINITY_ANNOTATION,
-                        "affinity",
-                        "variables.affinityParseError",
-                        "variables.affinityItems",
-                        "affinityAllowed",
-                    ),
-                },
-                {
-                    "name": "antiAffinityError",
-                    "expression": _error_of(
-                        ANTI_AFFINITY_ANNOTATION,
-                        "anti-affinity",
-                        "variables.antiAffinityParseError",
-                        "variables.antiAffinityItems",
-                        "antiAffinityAllowed",
-                    ),
-                },
-                {
-                    "name": "affinity",
-                    "expression": f"{_has_annotation(AFFINITY_ANNOTATION)} ? "
-                    f"{_chosen_groups('variables.affinityItems', 'In')} : "
-                    + _GROUPS.format(field="affinityIn", operator="In"),
-                },
-                {
-                    "name": "excluded",
-                    "expression": f"{_has_annotation(ANTI_AFFINITY_ANNOTATION)} ? "
-                    f"{_chosen_groups('variables.antiAffinityItems', 'NotIn')} : "
-                    + _GROUPS.format(field="antiAffinityNotIn", operator="NotIn"),
-                },
-                {"name": "own", "expression": _OWN_TERMS},
-                {"name": "fresh", "expression": _FRESH_TERMS},
-                {"name": "combined", "expression": _COMBINED_TERMS},
-                {"name": "termCount", "expression": _TERM_COUNT},
-                {
-                    "name": "allowed",
-                    "expression": "params.data.allowedPriorityClasses == '' ? [] : "
-                    "params.data.allowedPriorityClasses.split(',')",
-                },
-                {"name": "runai", "expression": "'runaiEnabled' in params.data && params.data.runaiEnabled == 'true'"},
-                {"name": "queue", "expression": _QUEUE},
-                {"name": "kindRuleMatches", "expression": _KIND_RULE_MATCHES},
-                {"name": "labelledKind", "expression": _LABELLED_KIND},
-                {"name": "controlledByAJobOwner", "expression": _CONTROLLED_BY_A_JOB_OWNER},
-                {"name": "kind", "expression": _KIND},
-                {"name": "runaiLabels", "expression": _RUNAI_LABELS},
-                {"name": "runaiHeld", "expression": _RUNAI_HELD},
-                {"name": "moving", "expression": _MOVING},
-                {"name": "termsRefusal", "expression": _TERMS_REFUSAL},
-                {"name": "classRefusal", "expression": _CLASS_REFUSAL},
-                {"name": "ruleErrors", "expression": _RULE_ERRORS},
-                {"name": "refusal", "expression": _REFUSAL},
-            ],
+            "variables": [{"name": name, "expression": expression} for name, expression in _variables()],
             # One mutation whose patch holds every part: each mutation is evaluated and applied on
             # its own, and the parts touch different fields, all decided from the pod as it came.
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _PATCH}}],
