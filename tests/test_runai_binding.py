@@ -659,6 +659,82 @@ async def test_turned_back_on_deletes_the_project_left_behind_unless_the_namespa
     await until(adopted, within=5, what="adopted")
 
 
+async def test_a_left_project_is_deleted_only_once_its_namespace_is_gone_not_while_it_terminates(
+    kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # The namespace controller may take its time: a namespace whose Run:ai finalizer came off while
+    # Run:ai was off can still be Terminating when Run:ai is turned on again. It has not come back,
+    # so its record must wait, not be dropped with the project left in Run:ai.
+    rho = kube.name("rho")
+    hold = "example.com/hold"
+    await put_settings(kube, runai)
+    replica = await replicas()
+    await kube.create(namespace(rho))
+    await until(lambda: bound(kube, rho), within=5, what="bound")
+    [project] = projects_named(runai, rho)
+    await put_settings(kube, runai, run_ai_enable=False)
+    await asyncio.sleep(0.3)
+    current = await kube.get("v1", "Namespace", rho)
+    assert current is not None
+    held = [*(current["metadata"].get("finalizers") or ()), hold]
+    await kube.patch("v1", "Namespace", rho, {"metadata": {"finalizers": held}})
+    await kube.delete("v1", "Namespace", rho)
+
+    async def terminating_without_ours() -> bool:
+        obj = await kube.get("v1", "Namespace", rho)
+        return obj is not None and (obj["metadata"].get("finalizers") or []) == [hold]
+
+    await until(terminating_without_ours, within=5, what="our finalizer released")
+    assert set(await left_records(kube)) == {rho}
+
+    def cached_as_deleting() -> bool:
+        info = replica.state.namespaces.get(rho)
+        return info is not None and info.deleting
+
+    await until(cached_as_deleting, within=3, what="cache sees it go")
+    passes = replica.runai.reconciler.passes
+    await put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
+    await until(lambda: replica.runai.reconciler.passes >= passes + 3, within=5, what="passes with Run:ai on")
+    assert project["id"] in runai.projects
+    assert set(await left_records(kube)) == {rho}
+
+    await kube.patch("v1", "Namespace", rho, {"metadata": {"finalizers": None}})
+    await until(lambda: project["id"] not in runai.projects, within=5, what="left project deleted")
+
+    async def dropped() -> bool:
+        return await left_records(kube) == {}
+
+    await until(dropped, within=5, what="record dropped")
+
+
+async def test_a_left_project_whose_creation_was_unfinished_is_found_by_its_namespace_and_deleted(
+    kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]
+) -> None:
+    # Recorded with neither a queue nor an id (the binder had written its intent only): the project
+    # is the one Run:ai holds for the namespace's name. Namespaces without a queue (every plain one)
+    # must not count as that namespace having come back.
+    sigma = kube.name("sigma")
+    created = runai.add_project(sigma, namespace=sigma)
+    record = {"runaiProject": None, "runaiProjectId": None, "deletedAt": "2026-01-01T00:00:00Z"}
+    await kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "runai-projects-left", "namespace": kube.install_ns},
+            "data": {sigma: json.dumps(record)},
+        }
+    )
+    await kube.namespace("plain", project=False)
+    await put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
+    await replicas()
+    await until(lambda: created["id"] not in runai.projects, within=5, what="left project deleted")
+
+    async def dropped() -> bool:
+        return await left_records(kube) == {}
+
+    await until(dropped, within=5, what="record dropped")
+
+
 async def test_project_in_another_department_than_expected_reports_drift(
     kube: KubeScope, runai: RunaiStandin, replicas: Callable[..., Any]
 ) -> None:

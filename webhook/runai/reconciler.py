@@ -374,8 +374,9 @@ class Reconciler:
             )
 
     async def _settle_left(self, report: PassReport) -> None:
-        """Run:ai on and reachable: delete the projects recorded as left behind, unless a namespace
-        of that name exists again (then it is bound to it, adopted: not ours to delete)."""
+        """Run:ai on and reachable: delete the projects recorded as left behind once no namespace
+        of that name or queue is still terminating, unless a live one exists again (then it is bound
+        to it, adopted: not ours to delete)."""
         if self.left is None:
             return
         try:
@@ -384,9 +385,24 @@ class Reconciler:
             log.warning("cannot read %s: %s", LEFT_CONFIGMAP, exc)
             return
         settled = []
-        queues = {ns.runai_queue for ns in self.state.namespaces.values()}
+        # A namespace still terminating under that name or queue may be the very one that left the
+        # project (the namespace controller takes its time): the record waits until it is gone. A
+        # live one took the name or the queue back: the project is bound to it, not ours to delete.
+        live: set[tuple[str, str]] = set()
+        leaving: set[tuple[str, str]] = set()
+        for ns in self.state.namespaces.values():
+            held = leaving if ns.deleting else live
+            held.add(("namespace", ns.name))
+            if ns.runai_queue:
+                held.add(("queue", ns.runai_queue))
         for record in records:
-            if record.namespace not in self.state.namespaces and record.runai_project not in queues:
+            keys = {("namespace", record.namespace)}
+            if record.runai_project:
+                keys.add(("queue", record.runai_project))
+            came_back = bool(keys & live)
+            if not came_back and keys & leaving:
+                continue
+            if not came_back:
                 labels = {RUNAI_PROJECT_ID_LABEL: record.runai_project_id} if record.runai_project_id else {}
                 annotations = {} if record.runai_project_id else {BINDING_ANNOTATION: "{}"}
                 gone = NamespaceInfo(record.namespace, labels=labels, annotations=annotations, deleting=True)
