@@ -15,7 +15,10 @@ concurrent clients; then, with the configurations back, it reports:
 - each replica's RSS (VmRSS of its container's process, on the real nodes);
 - a restarted replica's time to ready: from SIGKILL of its container until its kubelet has
   started it again and its readiness probe passes, so it includes the lists and watches of what
-  it caches and the probe's period;
+  it caches and the probe's period; taken apart: until the new process started, and how long its
+  lists took (`webhook_cache_list_seconds`);
+- the apiserver's part of the pod list: every page of all pods, as a replica asks for them, read
+  by the bench and not parsed, in the replica's pages and in larger ones;
 - `create pod` latency at --rate creations per second for --seconds (open loop: counted from
   when each was due), 1-GPU notebooks in a project namespace (webhook pods: the compiled policies
   decide every other notebook without a call, from 1.36), with the product and then with its
@@ -41,14 +44,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.real_cluster import _drop_all, admin_session, bench_settings, gpu_notebook, pod
 from tests.support.control_plane.cluster import KUBE_VERSION, ControlPlane, FakeNode, control_plane
-from tests.support.control_plane.install import Install, installed
+from tests.support.control_plane.install import PROBE_PORT, Install, installed
 from tests.support.control_plane.nodes import DEFAULT_REAL_NODES
+from webhook.kube.watch import WatchTiming
 
 Obj = dict[str, Any]
 CLIENTS = 16
+# The replica's page (webhook.kube.watch.WatchTiming.page_size) and a larger one beside it.
+PAGE_SIZES = (WatchTiming().page_size, 5000)
 ADMISSION_HISTOGRAM = "apiserver_admission_webhook_admission_duration_seconds"
 
 
@@ -113,22 +120,69 @@ def replica_rss(inst: Install) -> list[float]:
     return [rss_mb(inst.container_pid(p)) for p in inst.running()]
 
 
-def restart_seconds(inst: Install, within: float = 300) -> float:
+def process_started_at(pid: int) -> float:
+    """The wall-clock time the process started (its /proc stat start time, in clock ticks since boot)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def restart_seconds(inst: Install, within: float = 300) -> Obj:
+    """SIGKILL of one replica's container until it is ready again, taken apart: until its kubelet
+    had started the new process, how long that process's lists took (its own
+    `webhook_cache_list_seconds`, the longest cache), and the total."""
     victim = inst.running()[0]
     name = victim["metadata"]["name"]
     restarts = victim["status"]["containerStatuses"][0]["restartCount"]
     start = time.monotonic()
+    killed_at = time.time()
     inst.kill(name)
 
-    def again() -> bool:
+    def again() -> Obj | None:
         pod = next((p for p in inst.serving() if p["metadata"]["name"] == name), None)
-        return pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts
+        if pod is not None and pod["status"]["containerStatuses"][0]["restartCount"] > restarts:
+            return pod
+        return None
 
-    while not again():
+    while (pod := again()) is None:
         if time.monotonic() - start > within:
             raise RuntimeError(f"replica not ready again within {within:.0f} s")
-        time.sleep(0.2)
-    return time.monotonic() - start
+        time.sleep(0.1)
+    ready_s = time.monotonic() - start
+    lists = {
+        family_sample.labels["kind"]: family_sample.value
+        for family in text_string_to_metric_families(inst.pod_get(pod, PROBE_PORT, "/metrics"))
+        for family_sample in family.samples
+        if family_sample.name == "webhook_cache_list_seconds"
+    }
+    return {
+        "ready_s": ready_s,
+        "process_start_s": process_started_at(inst.container_pid(pod)) - killed_at,
+        "pod_list_s": lists.get("Pod", float("nan")),
+        "longest_list_s": max(lists.values(), default=float("nan")),
+    }
+
+
+async def apiserver_list_seconds(cp: ControlPlane, page_size: int) -> float:
+    """The apiserver's part of a replica's pod list: every page of all pods, as the replica asks
+    for them (`limit`, `continue`, no resourceVersion: a consistent list), bodies read, not parsed."""
+    start = time.perf_counter()
+    async with admin_session(cp, 1) as session:
+        cont = ""
+        while True:
+            query = f"limit={page_size}" + (f"&continue={cont}" if cont else "")
+            async with session.get(f"{cp.url}/api/v1/pods?{query}") as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"list pods: {resp.status} {body[:300]!r}")
+            # The continue token sits in the list's metadata, before the items.
+            head = body[:2048]
+            marker = head.find(b'"continue":"')
+            if marker < 0:
+                break
+            end = head.index(b'"', marker + 12)
+            cont = head[marker + 12 : end].decode()
+    return time.perf_counter() - start
 
 
 async def paced(cp: ControlPlane, namespace: str, rate: float, seconds: float) -> list[float]:
@@ -179,7 +233,9 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 def level(cp: ControlPlane, inst: Install, total: int, rate: float, seconds: float) -> Obj:
     time.sleep(5)  # the replicas' watches catch up with the fill
     row: Obj = {"pods": total, "rss_mb": replica_rss(inst)}
-    row["ready_s"] = restart_seconds(inst)
+    for page_size in PAGE_SIZES:
+        row[f"apiserver_list_s_{page_size}"] = asyncio.run(apiserver_list_seconds(cp, page_size))
+    row.update(restart_seconds(inst))
     row["rss_after_restart_mb"] = replica_rss(inst)
     for mode in ("product", "none"):
         inst.apply_webhook_configurations(None if mode == "product" else _drop_all)
@@ -239,11 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(dir, ignore_errors=True)
     print(f"\nKubernetes {KUBE_VERSION}, {args.nodes} kwok nodes, {args.namespaces} project namespaces, "
           f"{args.gpu_share:.0%} GPU pods; {args.rate:g} creations/s for {args.seconds:g} s")  # fmt: skip
-    print("| pods | RSS MB per replica | restarted replica ready s | create p50/p99 ms, product | "
-          "create p50/p99 ms, none | our webhooks p50/p99 ms (bucket bound) | load |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| pods | RSS MB per replica | restarted replica ready s | process started s | its pod list s | "
+          "longest list s | apiserver pod list s, pages of " + " / ".join(map(str, PAGE_SIZES)) + " | "
+          "create p50/p99 ms, product | create p50/p99 ms, none | our webhooks p50/p99 ms (bucket bound) | "
+          "load |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        apiserver = " / ".join(f"{r[f'apiserver_list_s_{n}']:.2f}" for n in PAGE_SIZES)
         print(f"| {r['pods']} | {' / '.join(f'{m:.0f}' for m in r['rss_mb'])} | {r['ready_s']:.1f} | "
+              f"{r['process_start_s']:.1f} | {r['pod_list_s']:.2f} | {r['longest_list_s']:.2f} | {apiserver} | "
               f"{r['product_p50_ms']:.1f} / {r['product_p99_ms']:.1f} | {r['none_p50_ms']:.1f} / "
               f"{r['none_p99_ms']:.1f} | {r['webhook_p50_ms_le']:g} / {r['webhook_p99_ms_le']:g} | "
               f"{r['load']:.1f} |")  # fmt: skip
@@ -252,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         per = 10_000 / (last["pods"] - first["pods"])
         rss = (statistics.mean(last["rss_mb"]) - statistics.mean(first["rss_mb"])) * per
         ready = (last["ready_s"] - first["ready_s"]) * per
-        print(f"growth per 10,000 pods: RSS {rss:+.1f} MB per replica, time to ready {ready:+.2f} s")
+        listed = (last["pod_list_s"] - first["pod_list_s"]) * per
+        served = (last[f"apiserver_list_s_{PAGE_SIZES[0]}"] - first[f"apiserver_list_s_{PAGE_SIZES[0]}"]) * per
+        print(f"growth per 10,000 pods: RSS {rss:+.1f} MB per replica, time to ready {ready:+.2f} s "
+              f"(its pod list {listed:+.2f} s, the apiserver's part {served:+.2f} s)")  # fmt: skip
     return 0
 
 

@@ -162,6 +162,7 @@ async def test_initial_sync_fills_the_store_and_sets_readiness(
     assert settings_lists
     assert all(c.query.get("fieldSelector") == f"metadata.name={SETTINGS_CONFIGMAP}" for c in settings_lists)
     assert metric("webhook_cache_objects", kind="Pod") >= 5
+    assert metric("webhook_cache_list_seconds", kind="Pod") > 0
 
 
 async def test_changes_show_up_without_a_restart(

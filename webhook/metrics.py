@@ -143,6 +143,13 @@ CACHE_OBJECTS = Gauge(
     ["kind"],
     registry=REGISTRY,
 )
+CACHE_LIST_SECONDS = Gauge(
+    "webhook_cache_list_seconds",
+    "How long the last complete list of each cache took, first page asked to cache filled, by kind "
+    "(a started replica is ready after its longest).",
+    ["kind"],
+    registry=REGISTRY,
+)
 CACHE_SKIPPED = Counter(
     "webhook_cache_objects_skipped_total",
     "Objects a watch-fed cache could not take and skipped (the log names each), by kind.",

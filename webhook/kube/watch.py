@@ -29,7 +29,14 @@ from typing import Any, Protocol
 import aiohttp
 
 from webhook.kube.api import KubeGone, Obj, kube_error
-from webhook.metrics import CACHE_OBJECTS, REMOTE_CALLS, WATCH_EVENTS, WATCH_RESTARTS, log_skipped
+from webhook.metrics import (
+    CACHE_LIST_SECONDS,
+    CACHE_OBJECTS,
+    REMOTE_CALLS,
+    WATCH_EVENTS,
+    WATCH_RESTARTS,
+    log_skipped,
+)
 
 log = logging.getLogger(__name__)
 # A kubernetes_asyncio `list_*` method (namespace and the like already bound with functools.partial).
@@ -216,6 +223,7 @@ class ResourceWatch:
 
     async def _list(self, sink: Sink) -> None:
         listing = sink.listing(self.kind)
+        started = time.monotonic()
         count = 0
         cont: str | None = None
         rv = ""
@@ -250,6 +258,7 @@ class ResourceWatch:
             raise
         sink.synced[self.name] = True
         CACHE_OBJECTS.labels(self.name).set(count)
+        CACHE_LIST_SECONDS.labels(self.name).set(time.monotonic() - started)
         self.resource_version = rv
         log.info("%s: listed %d at resourceVersion %s", self.name, count, rv)
 
