@@ -91,9 +91,10 @@ e2e: $(STAMP)
 # drift), and docs/values.md from the chart's schema (tests/test_chart.py fails when it drifts).
 manifests: $(STAMP)
 	@PEERS_DIR=$(PEERS_DIR) hack/peers/build.sh helm
+	$(BIN)/python -m tests.support.policy_template
+	$(BIN)/python -m tests.support.webhook_conditions_template
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m tests.support.chart
 	$(BIN)/python -m tests.support.values_reference
-	$(BIN)/python -m tests.support.policy_template
 
 # A kind cluster, the image built and loaded, the chart installed, the e2e suite, the cluster deleted.
 e2e-kind:

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.support import chart, policy_template, values_reference
+from tests.support import chart, policy_template, values_reference, webhook_conditions_template
 from tests.support.chart import HelmFailed
 from webhook.core.admission_policies import POLICY_NAME, REFUSAL_ANNOTATION, policy_objects
 from webhook.core.preemptibility import REVIEWED_REFS
@@ -1283,6 +1283,13 @@ def test_the_admission_policies_template_is_generated_from_the_compiler() -> Non
     assert policy_template.TEMPLATE.read_text() == policy_template.current(), (
         "manifests/chart/templates/14-admission-policies.yaml is not what "
         "webhook/core/admission_policies.py compiles: run `make manifests`"
+    )
+
+
+def test_the_pod_webhook_conditions_are_generated_from_the_module() -> None:
+    assert webhook_conditions_template.TEMPLATE.read_text() == webhook_conditions_template.current(), (
+        "manifests/chart/templates/_webhook_conditions.tpl is not what webhook/core/webhook_conditions.py "
+        "makes: run `make manifests`"
     )
 
 

@@ -210,61 +210,12 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* The pods a pod webhook must see where the compiled policies or nothing else would decide them:
-a GPU in a request or limit, or an annotation or label of this system (but the priority class
-annotation, which the policies read), of Run:ai, KAI or Kueue. A node label choice still calls
-validate-pods outside the decided namespaces: in warn mode it counts the choice's would-be refusals
-(`http.handlers.warn_mode`), once per admitted pod. With Run:ai on, the mutation labels
-every pod runai/queue, and with Kueue on kueue.x-k8s.io/queue-name, so validate-pods still sees all
-of them; with both off it allows every other pod, and the call is saved (`core.quota.validate_pod`).
-
-`decided`: the namespaces the policies decide. They read the node label choices themselves
-(enforce mode only: the leader labels no project whose affinity subset warns), and a pod the
-mutating policy marked refused (scheduling.hopsworks.ai/policy-refusal) is refused by the validating
-one, with no call. The policy has then written runai/queue and
-kai.scheduler/preemptibility over whatever the pod came with (Run:ai on), or no rule reads them (Run:ai
-off), so those two labels call nothing; a pod Run:ai's rules would refuse for its owner or count by
-its claims is sent on: a first ownerReference of a kind other than those `core.preemptibility`
-reviews (REVIEWED_REFS), or a resource claim. */}}
-{{- define "sw.needsThePodWebhooks" -}}
-matchConditions:
-  - name: needs-the-webhook
-    expression: >-
-      (has(object.metadata.annotations) && object.metadata.annotations.exists(k,
-      (k.startsWith('scheduling.hopsworks.ai/') && k != 'scheduling.hopsworks.ai/priority-class'
-      {{- if .decided }} &&
-      k != 'scheduling.hopsworks.ai/affinity' && k != 'scheduling.hopsworks.ai/anti-affinity' &&
-      k != 'scheduling.hopsworks.ai/policy-refusal'
-      {{- end }}) ||
-      k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') || k.contains('runai') ||
-      k.startsWith('kai.scheduler/') || k == 'pod-group-name')) ||
-      (has(object.metadata.labels) && object.metadata.labels.exists(k,
-      k.startsWith('scheduling.hopsworks.ai/') || k.startsWith('kueue.x-k8s.io/') || k.contains('gpu') ||
-      {{- if .decided }}
-      (k.startsWith('runai') && k != 'runai/queue') ||
-      (k.startsWith('kai.scheduler/') && k != 'kai.scheduler/preemptibility'))) ||
-      has(object.spec.resourceClaims) ||
-      (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.size() > 0 &&
-      !(has(object.metadata.ownerReferences[0].apiVersion) && has(object.metadata.ownerReferences[0].kind) &&
-      object.metadata.ownerReferences[0].apiVersion + ' ' + object.metadata.ownerReferences[0].kind in
-      ['apps/v1 DaemonSet', 'apps/v1 Deployment', 'apps/v1 ReplicaSet', 'apps/v1 StatefulSet',
-      'batch/v1 CronJob', 'batch/v1 Job', 'v1 Pod', 'v1 ReplicationController'])) ||
-      {{- else }}
-      k.startsWith('runai') || k.startsWith('kai.scheduler/'))) ||
-      {{- end }}
-      object.spec.containers.exists(c, has(c.resources) &&
-      ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
-      (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))) ||
-      (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) &&
-      ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('gpu'))) ||
-      (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('gpu'))))))
-{{- end -}}
-
 {{/* With the compiled admission policies on: the pod webhooks in namespaces the leader labelled
 scheduling.hopsworks.ai/admission-policies=on (the policies decide their plain pods) are called only
 for a pod that needs outside state or a rule not compiled: a GPU in a request or limit, an
 annotation or label of this system (but the priority class one the policies read), of Run:ai,
-KAI or Kueue. Every other pod there makes no webhook call. */}}
+KAI or Kueue. Every other pod there makes no webhook call. The condition is generated
+(_webhook_conditions.tpl, from webhook/core/webhook_conditions.py). */}}
 {{- define "sw.decidedNamespaces" -}}
 namespaceSelector:
   matchExpressions:
