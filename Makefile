@@ -100,7 +100,7 @@ manifests: $(STAMP)
 e2e-kind:
 	@hack/e2e/kind.sh
 
-bench: $(STAMP) peers bench-gopeer
+bench: $(STAMP) peers image bench-gopeer
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	PEERS_DIR=$(PEERS_DIR) GOPEER=$(GOPEER) $(BIN)/python -m bench.real_cluster
 	$(BIN)/python -m bench.connection_attacks --connections 1200 --tries 100
@@ -109,7 +109,7 @@ bench: $(STAMP) peers bench-gopeer
 
 # Pod creation through the real apiserver: no webhook, the minimal admission policy, the Go peer and
 # the product, side by side (bench/real_cluster.py).
-bench-cluster: $(STAMP) peers bench-gopeer
+bench-cluster: $(STAMP) peers image bench-gopeer
 	PEERS_DIR=$(PEERS_DIR) GOPEER=$(GOPEER) $(BIN)/python -m bench.real_cluster $(BENCH_ARGS)
 
 # The Go peer of bench-cluster (bench/gopeer: controller-runtime, pinned by its go.mod and go.sum),
@@ -121,15 +121,15 @@ bench-gopeer:
 
 # How the product's cost grows with the cluster (kwok nodes, many namespaces and pods; bench/scale_cluster.py).
 # Heavy: kept out of `make test` and `make bench`.
-bench-scale-cluster: $(STAMP) peers
+bench-scale-cluster: $(STAMP) peers image
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.scale_cluster $(BENCH_ARGS)
 
 # Pod creation through a `helm upgrade` that rolls the replicas, against the same loop with nothing rolling.
-bench-helm: $(STAMP) peers
+bench-helm: $(STAMP) peers image
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.helm_upgrade $(BENCH_ARGS)
 
 # A Deployment choosing a unit (one Kueue pod group) against one choosing none, with the real Kueue.
-bench-kueue: $(STAMP) peers
+bench-kueue: $(STAMP) peers image
 	PEERS_DIR=$(PEERS_DIR) $(BIN)/python -m bench.kueue_colocation $(BENCH_ARGS)
 
 # Instructions per request under valgrind: the figure that stays put on a noisy machine.
