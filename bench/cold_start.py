@@ -1,7 +1,7 @@
 """What a restarted replica does with its first pod list, without a cluster.
 
     python -m bench.cold_start [--pods 50000] [--namespaces 2000] [--gpu-share 0.1]
-                               [--page-size 500] [--baseline DIR]
+                               [--page-size 2000] [--baseline DIR]
 
 Writes the pod list an apiserver would answer, page by page (`limit`/`continue`), to a file: pods
 as the bench-scale-cluster fill makes them (the bench's notebook, a share of them asking for a GPU,
@@ -352,7 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=50_000)
     parser.add_argument("--namespaces", type=int, default=2_000)
     parser.add_argument("--gpu-share", type=float, default=0.1)
-    parser.add_argument("--page-size", type=int, default=500, help="items per list page, as the watch asks")
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        default=2000,
+        help="items per list page, as the pod watch asks (WatchTiming.pod_page_size)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout: also run its webhook package")
     args = parser.parse_args(argv)

@@ -31,7 +31,9 @@ WATCHED = {"Namespace", "PriorityClass", "ConfigMap", "ReplicaSet", "Pod", "Depl
 # The resource of each kind, as the proxy names what it forwards.
 RESOURCES = {"Namespace": "namespaces", "PriorityClass": "priorityclasses", "ConfigMap": "configmaps",
              "ReplicaSet": "replicasets", "Pod": "pods", "Deployment": "deployments"}  # fmt: skip
-FAST = WatchTiming(page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2)
+FAST = WatchTiming(
+    page_size=2, pod_page_size=2, watch_timeout_s=30, backoff_initial_s=0.02, backoff_max_s=0.1, absent_retry_s=0.2
+)
 PC = "scheduling.k8s.io/v1"
 
 

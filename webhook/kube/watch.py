@@ -97,6 +97,11 @@ class _Absent(Exception):
 @dataclass(frozen=True, slots=True)
 class WatchTiming:
     page_size: int = 500
+    # The pod list's pages are larger: the apiserver's time per page grows with what is left to
+    # list, so small pages over tens of thousands of pods made a restarted replica's list grow
+    # faster than the pods (bench/README.md, bench.list_pages); a page is decoded into records and
+    # let go before the next, so the peak memory grows with the page, not the pods.
+    pod_page_size: int = 2000
     # Server-side watch timeout; each watch picks a random value in [t, 2t) so replicas spread out.
     watch_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
@@ -128,6 +133,7 @@ class ResourceWatch:
     # a page the decoder refuses); None: every page is parsed whole and each item slimmed.
     decode_page: PageDecoder | None = None
     timing: WatchTiming = field(default_factory=WatchTiming)
+    page_size: int | None = None  # None: the timing's page_size
     resource_version: str | None = field(default=None, init=False)  # last seen; None: list next
 
     def __post_init__(self) -> None:
@@ -228,7 +234,7 @@ class ResourceWatch:
         cont: str | None = None
         rv = ""
         while True:
-            kwargs: dict[str, Any] = {**self._selectors(), "limit": self.timing.page_size}
+            kwargs: dict[str, Any] = {**self._selectors(), "limit": self.page_size or self.timing.page_size}
             if cont:
                 kwargs["_continue"] = cont
             REMOTE_CALLS.labels("kubernetes", "background").inc()

@@ -132,7 +132,12 @@ def default_watches(
         )
         watches.append(
             ResourceWatch(
-                "Pod", core.list_pod_for_all_namespaces, slim=slim_pod, decode_page=decode_pod_list, timing=timing
+                "Pod",
+                core.list_pod_for_all_namespaces,
+                slim=slim_pod,
+                decode_page=decode_pod_list,
+                timing=timing,
+                page_size=timing.pod_page_size,
             )
         )
     return watches
