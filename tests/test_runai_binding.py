@@ -39,6 +39,8 @@ from webhook.runai.binding import (
 )
 from webhook.runai.client import ClientOptions
 from webhook.runai.integration import IntegrationOptions, RunaiIntegration, client_factory
+from webhook.runai.left import LEFT_CONFIGMAP, dump
+from webhook.snapshot import LeftProject
 from webhook.state.store import ClusterState
 from webhook.state.watches import cache_watcher
 
@@ -616,8 +618,12 @@ async def test_runai_url_change_rebuilds_the_client(
 
 
 async def left_records(kube: KubeScope) -> dict[str, dict[str, Any]]:
-    cm = await kube.get("v1", "ConfigMap", "runai-projects-left", kube.install_ns) or {}
+    cm = await kube.get("v1", "ConfigMap", LEFT_CONFIGMAP, kube.install_ns) or {}
     return {k: json.loads(v) for k, v in (cm.get("data") or {}).items()}
+
+
+async def no_left_records(kube: KubeScope) -> bool:
+    return await left_records(kube) == {}
 
 
 async def test_turned_back_on_deletes_the_project_left_behind_unless_the_namespace_came_back(
@@ -646,10 +652,7 @@ async def test_turned_back_on_deletes_the_project_left_behind_unless_the_namespa
     await put_settings(kube, runai, run_ai_reconcile_interval_s=0.3)
     await until(lambda: psi_project["id"] not in runai.projects, within=5, what="psi's left project deleted")
 
-    async def dropped() -> bool:
-        return await left_records(kube) == {}
-
-    await until(dropped, within=5, what="records dropped")
+    await until(lambda: no_left_records(kube), within=5, what="records dropped")
     # omicron's Run:ai project is bound to a namespace of that name again: adopted, never deleted.
     assert omicron_project["id"] in runai.projects
 
@@ -701,10 +704,7 @@ async def test_a_left_project_is_deleted_only_once_its_namespace_is_gone_not_whi
     await kube.patch("v1", "Namespace", rho, {"metadata": {"finalizers": None}})
     await until(lambda: project["id"] not in runai.projects, within=5, what="left project deleted")
 
-    async def dropped() -> bool:
-        return await left_records(kube) == {}
-
-    await until(dropped, within=5, what="record dropped")
+    await until(lambda: no_left_records(kube), within=5, what="record dropped")
 
 
 async def test_a_left_project_whose_creation_was_unfinished_is_found_by_its_namespace_and_deleted(
@@ -715,13 +715,13 @@ async def test_a_left_project_whose_creation_was_unfinished_is_found_by_its_name
     # must not count as that namespace having come back.
     sigma = kube.name("sigma")
     created = runai.add_project(sigma, namespace=sigma)
-    record = {"runaiProject": None, "runaiProjectId": None, "deletedAt": "2026-01-01T00:00:00Z"}
+    record = LeftProject(sigma, runai_project=None, runai_project_id=None, deleted_at="2026-01-01T00:00:00Z")
     await kube.create(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": "runai-projects-left", "namespace": kube.install_ns},
-            "data": {sigma: json.dumps(record)},
+            "metadata": {"name": LEFT_CONFIGMAP, "namespace": kube.install_ns},
+            "data": {sigma: dump(record)},
         }
     )
     await kube.namespace("plain", project=False)
@@ -729,10 +729,7 @@ async def test_a_left_project_whose_creation_was_unfinished_is_found_by_its_name
     await replicas()
     await until(lambda: created["id"] not in runai.projects, within=5, what="left project deleted")
 
-    async def dropped() -> bool:
-        return await left_records(kube) == {}
-
-    await until(dropped, within=5, what="record dropped")
+    await until(lambda: no_left_records(kube), within=5, what="record dropped")
 
 
 async def test_project_in_another_department_than_expected_reports_drift(

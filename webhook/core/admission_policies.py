@@ -397,15 +397,15 @@ _LABELLED_KIND = (
 )
 # `kinds.pod_controller` and `is_job_owner`: the first ownerReference, when it is the controller
 # (and has a uid), of a kind the settings make jobs of; the group is the apiVersion before its last '/'.
-_FIRST_OWNER = "object.metadata.ownerReferences[0]"
+FIRST_OWNER = "object.metadata.ownerReferences[0]"
 _CONTROLLED_BY_A_JOB_OWNER = f"""
 has(object.metadata.ownerReferences) && object.metadata.ownerReferences.size() > 0 &&
-has({_FIRST_OWNER}.controller) && {_FIRST_OWNER}.controller == true &&
-has({_FIRST_OWNER}.uid) && {_FIRST_OWNER}.uid != '' && params.data.jobOwners != '' &&
-has({_FIRST_OWNER}.apiVersion) && has({_FIRST_OWNER}.kind) &&
-(({_FIRST_OWNER}.apiVersion.contains('/') ?
-  {_FIRST_OWNER}.apiVersion.substring(0, {_FIRST_OWNER}.apiVersion.lastIndexOf('/')) : '') +
-  '|' + {_FIRST_OWNER}.kind) in params.data.jobOwners.split(';')
+has({FIRST_OWNER}.controller) && {FIRST_OWNER}.controller == true &&
+has({FIRST_OWNER}.uid) && {FIRST_OWNER}.uid != '' && params.data.jobOwners != '' &&
+has({FIRST_OWNER}.apiVersion) && has({FIRST_OWNER}.kind) &&
+(({FIRST_OWNER}.apiVersion.contains('/') ?
+  {FIRST_OWNER}.apiVersion.substring(0, {FIRST_OWNER}.apiVersion.lastIndexOf('/')) : '') +
+  '|' + {FIRST_OWNER}.kind) in params.data.jobOwners.split(';')
 """.strip()
 # `kinds._owned_kind`: a job owner's pod is a system job by the workload-type label or a system job type.
 _SYSTEM_JOB = (

@@ -18,7 +18,8 @@ first ownerReference of a kind not reviewed, and a resource claim.
 
 from __future__ import annotations
 
-from webhook.core.admission_policies import REFUSAL_ANNOTATION
+from webhook.core.admission_policies import FIRST_OWNER, REFUSAL_ANNOTATION
+from webhook.core.pod_updates import OWN_ANNOTATION_PREFIX
 from webhook.core.preemptibility import POD_GROUP_ANNOTATION, REVIEWED_REFS
 from webhook.settings import KAI_PREEMPTIBILITY_LABEL
 from webhook.snapshot import (
@@ -29,13 +30,11 @@ from webhook.snapshot import (
 )
 
 CONDITION_NAME = "needs-the-webhook"
-OWN_PREFIX = "scheduling.hopsworks.ai/"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 KAI_PREFIX = "kai.scheduler/"
 # Read by the policies (the priority class one in every mode; the others once decided).
 READ_BY_THE_POLICIES = (PRIORITY_CLASS_ANNOTATION,)
 READ_WHERE_DECIDED = (AFFINITY_ANNOTATION, ANTI_AFFINITY_ANNOTATION, REFUSAL_ANNOTATION)
-_FIRST_OWNER = "object.metadata.ownerReferences[0]"
 
 
 def _not(key: str) -> str:
@@ -54,7 +53,7 @@ def needs_the_pod_webhooks(*, decided: bool) -> str:
     """The CEL of the condition, over `object` (the pod); `decided`: for the webhooks of the
     namespaces the compiled policies decide."""
     exempt = (*READ_BY_THE_POLICIES, *(READ_WHERE_DECIDED if decided else ()))
-    own_annotation = " &&\n".join([f"k.startsWith('{OWN_PREFIX}')", *map(_not, exempt)])
+    own_annotation = " &&\n".join([f"k.startsWith('{OWN_ANNOTATION_PREFIX}')", *map(_not, exempt)])
     annotations = (
         "(has(object.metadata.annotations) && object.metadata.annotations.exists(k,\n"
         f"({own_annotation}) ||\n"
@@ -70,7 +69,7 @@ def needs_the_pod_webhooks(*, decided: bool) -> str:
         runai_and_kai = f"k.startsWith('runai') || k.startsWith('{KAI_PREFIX}')"
     labels = (
         "(has(object.metadata.labels) && object.metadata.labels.exists(k,\n"
-        f"k.startsWith('{OWN_PREFIX}') || k.startsWith('{KUEUE_PREFIX}') || k.contains('gpu') ||\n"
+        f"k.startsWith('{OWN_ANNOTATION_PREFIX}') || k.startsWith('{KUEUE_PREFIX}') || k.contains('gpu') ||\n"
         f"{runai_and_kai}))"
     )
     parts = [annotations, labels]
@@ -79,8 +78,8 @@ def needs_the_pod_webhooks(*, decided: bool) -> str:
         parts += [
             "has(object.spec.resourceClaims)",
             f"(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.size() > 0 &&\n"
-            f"!(has({_FIRST_OWNER}.apiVersion) && has({_FIRST_OWNER}.kind) &&\n"
-            f"{_FIRST_OWNER}.apiVersion + ' ' + {_FIRST_OWNER}.kind in\n"
+            f"!(has({FIRST_OWNER}.apiVersion) && has({FIRST_OWNER}.kind) &&\n"
+            f"{FIRST_OWNER}.apiVersion + ' ' + {FIRST_OWNER}.kind in\n"
             f"[{reviewed}]))",
         ]
     parts += [
