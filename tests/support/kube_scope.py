@@ -299,14 +299,16 @@ class KubeScope:
                            "subjects": [{"apiGroup": group_of_rbac, "kind": "User", "name": user}]})  # fmt: skip
         # The apiserver's RBAC reads roles from its informers: a call made at once may still be denied.
         attributes = {"verb": verb, "resource": resource, "namespace": namespace, "group": group}
+        await eventually(lambda: self._allows({"user": user}, attributes),
+                         message=f"RBAC never allowed {user} {attributes}")  # fmt: skip
 
-        async def allowed() -> bool:
-            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                      "spec": {"user": user, "resourceAttributes": attributes}}  # fmt: skip
-            answer = await self.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
-            return bool(answer["status"].get("allowed"))
-
-        await eventually(allowed, message=f"RBAC never allowed {user} {attributes}")
+    async def _allows(self, subject: Obj, attributes: Obj) -> bool:
+        """Whether the apiserver's RBAC lets `subject` (a SubjectAccessReview's user and groups) do
+        what `attributes` say, now."""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {**subject, "resourceAttributes": attributes}}  # fmt: skip
+        answer = await self.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        return bool(answer["status"].get("allowed"))
 
     async def admin_token(self, prefix: str = "admin") -> tuple[str, str]:
         """A ServiceAccount bound to the cluster's `cluster-admin` ClusterRole, and a token of it."""
@@ -379,20 +381,14 @@ class KubeScope:
     async def _wait_authorized(self) -> None:
         """Until the apiserver's RBAC has caught up with the new bindings (its informers take a moment)."""
 
-        async def allowed(attributes: Obj) -> bool:
-            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                      "spec": {"user": self.service_account_user,
-                               "groups": ["system:serviceaccounts", f"system:serviceaccounts:{self.install_ns}",
-                                          "system:authenticated"],
-                               "resourceAttributes": attributes}}  # fmt: skip
-            answer = await self.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
-            return bool(answer["status"].get("allowed"))
-
+        account = {"user": self.service_account_user,
+                   "groups": ["system:serviceaccounts", f"system:serviceaccounts:{self.install_ns}",
+                              "system:authenticated"]}  # fmt: skip
         checks = [{"verb": "watch", "resource": "namespaces"},
                   {"verb": "watch", "resource": "configmaps", "namespace": self.install_ns},
                   {"verb": "create", "resource": "events", "namespace": "default"}]  # fmt: skip
         await asyncio.gather(
-            *(eventually(lambda a=a: allowed(a), message=f"RBAC never allowed {a}") for a in checks)  # type: ignore[misc]
+            *(eventually(lambda a=a: self._allows(account, a), message=f"RBAC never allowed {a}") for a in checks)  # type: ignore[misc]
         )
 
     async def _cleanup(self) -> None:
